@@ -1,0 +1,85 @@
+"""The ``ingest`` flow: a Wikipedia dump to quality-gated passages on a store.
+
+plan (checksum, index, shards) -> parse/clean/chunk each shard on Dask ->
+gate each part and the ids across parts -> publish (parts, then manifest)
+"""
+
+from __future__ import annotations
+
+from prefect import flow, unmapped
+from prefect_dask import DaskTaskRunner
+
+from flows.settings import Settings, quiet_environment
+from rag_core.dumps import DumpSource
+from rag_core.ingest import IngestConfig
+from rag_core.storage import Store
+from tasks.ingest import (
+    already_published,
+    check_store,
+    ingest_shard,
+    ingest_stream,
+    plan_dump,
+    publish_passages,
+    summarize_ingest,
+)
+from tasks.quality import enforce_gates, gate_ids_across_parts, gate_staged_part
+
+quiet_environment()
+
+
+def dask_runner(address: str | None, workers: int) -> DaskTaskRunner:
+    """An existing cluster by address, else a local cluster of single-threaded worker processes."""
+    if address:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(
+        cluster_class="distributed.LocalCluster",
+        # Cleaning is pure Python: processes, not threads, to use every core.
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            "dashboard_address": None,
+        },
+    )
+
+
+def _default_runner() -> DaskTaskRunner:
+    settings = Settings()
+    return dask_runner(settings.dask_address, settings.workers)
+
+
+@flow(name="ingest", task_runner=_default_runner(), validate_parameters=True)
+def ingest(config: IngestConfig, store: str | None = None) -> str:
+    """Ingest a dump into ``<store>/passages/<dump_id>/``; returns that URL.
+
+    Credentials come from the environment of the process running the flow
+    (AWS_* for s3://), never from parameters, so they are not stored with runs.
+    """
+    settings = Settings()
+    target = Store(store or settings.store_url, settings.storage_options(store or settings.store_url))
+    dump = DumpSource(config.dump, settings.storage_options(config.dump))
+    index = DumpSource(config.index, settings.storage_options(config.index)) if config.index else None
+
+    check_store(target)
+    plan = plan_dump(config, dump, index)
+    existing = already_published(target, plan)
+    if existing is not None:
+        url = target.url_of("passages", plan.dump_id)
+        summarize_ingest(plan, existing, url, reused=True)
+        return url
+
+    if plan.shards:
+        records = ingest_shard.map(unmapped(dump), plan.shards, unmapped(target), unmapped(plan), unmapped(config)).result()
+    else:
+        records = ingest_stream.submit(dump, target, plan, config).result()
+
+    part_gates = gate_staged_part.map(
+        unmapped(target), unmapped(plan.dump_id), unmapped(plan.layout), records, unmapped(config)
+    )
+    id_gate = gate_ids_across_parts.submit(target, plan.dump_id, plan.layout, records)
+    gate_markdown = enforce_gates(target, plan.dump_id, [*part_gates.result(), id_gate.result()])
+
+    url = publish_passages(target, plan, records, gate_markdown, dump, index, config)
+    summarize_ingest(plan, already_published(target, plan), url, reused=False)
+    return url

@@ -1,0 +1,49 @@
+"""wikirag's library: dumps, passages, storage, retrieval and RAG math.
+
+Pure functions and small classes over torch, transformers, faiss, numpy,
+pyarrow and fsspec; it never imports prefect, dask, mlflow or great_expectations.
+"""
+
+from rag_core.dumps import DumpSource, Page, iter_pages
+from rag_core.errors import DumpError, GateError, StoreError, WikiragError
+from rag_core.ingest import IngestConfig, read_passages
+from rag_core.multistream import StreamShard, iter_shard_pages, plan_shards, read_index
+from rag_core.passages import PASSAGE_SCHEMA, PageCounts, passages_from_pages
+from rag_core.storage import Store
+from rag_core.wikitext import clean_wikitext
+
+# The RAG math needs torch (seconds to import): load it on first use, so that
+# ingest workers, which never touch it, start fast.
+_LAZY = {"rag_sequence_nll": "rag_core.marginalize", "rag_token_nll": "rag_core.marginalize"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rag_core' has no attribute {name!r}")
+
+
+__all__ = [
+    "PASSAGE_SCHEMA",
+    "DumpError",
+    "DumpSource",
+    "GateError",
+    "IngestConfig",
+    "Page",
+    "PageCounts",
+    "Store",
+    "StoreError",
+    "StreamShard",
+    "WikiragError",
+    "clean_wikitext",
+    "iter_pages",
+    "iter_shard_pages",
+    "passages_from_pages",
+    "plan_shards",
+    "read_index",
+    "rag_sequence_nll",
+    "rag_token_nll",
+    "read_passages",
+]

@@ -1,0 +1,206 @@
+"""Multistream dumps: the index, shards of whole bz2 streams, and their pages.
+
+A ``pages-articles-multistream.xml.bz2`` is a header stream (``<mediawiki>``
+and ``<siteinfo>``), page streams of about 100 pages, and a footer stream.
+Its index lists ``offset:page_id:title`` for every page, ``offset`` being the
+byte where the page's stream starts.  A shard is a contiguous run of streams,
+a pure function of (streams, shard_id, num_shards); any worker can decompress
+and parse it alone from a byte-range read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import bz2
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from rag_core.dumps import BZ2_MAGIC, EXPORT_NS_PREFIX, DumpSource, Page, PageParser, iter_file_chunks
+from rag_core.errors import DumpError
+
+READ_BYTES = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One bz2 stream of the dump: where it starts and which pages the index puts in it."""
+
+    offset: int
+    page_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamShard:
+    """A contiguous run of streams, ``[start, end)`` in compressed bytes."""
+
+    shard_id: int
+    num_shards: int
+    start: int
+    end: int
+    streams: tuple[Stream, ...]
+
+    @property
+    def n_pages(self) -> int:
+        return sum(len(s.page_ids) for s in self.streams)
+
+
+def read_index(index: DumpSource) -> list[Stream]:
+    """Streams in file order from an index file (``.txt`` or ``.txt.bz2``)."""
+    raw = b"".join(iter_file_chunks_any(index))
+    streams: list[Stream] = []
+    current_offset = -1
+    current: list[int] = []
+    for lineno, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line:
+            continue
+        offset_s, _, rest = line.partition(":")
+        page_s, _, _title = rest.partition(":")
+        try:
+            offset, page_id = int(offset_s), int(page_s)
+        except ValueError:
+            raise DumpError(
+                f"{index.name}: line {lineno} is not 'offset:page_id:title'; give the dump's multistream index"
+            ) from None
+        if offset != current_offset:
+            if offset < current_offset:
+                raise DumpError(f"{index.name}: offsets go backwards at line {lineno}; the index is corrupt")
+            if current:
+                streams.append(Stream(current_offset, tuple(current)))
+            current_offset, current = offset, []
+        current.append(page_id)
+    if current:
+        streams.append(Stream(current_offset, tuple(current)))
+    if not streams:
+        raise DumpError(f"{index.name}: the index is empty; give the dump's multistream index")
+    return streams
+
+
+def iter_file_chunks_any(source: DumpSource) -> Iterator[bytes]:
+    """Like iter_file_chunks but for plain-text or bz2 files that are not XML."""
+    with source.open() as raw:
+        head = raw.read(4)
+    if head.startswith(BZ2_MAGIC):
+        yield from iter_file_chunks(source)
+        return
+    with source.open() as raw:
+        while chunk := raw.read(READ_BYTES):
+            yield chunk
+
+
+def shard_streams(streams: Sequence[Stream], file_size: int, shard_id: int, num_shards: int) -> StreamShard:
+    """Shard ``shard_id`` of ``num_shards``: streams whose start falls in its share of the bytes.
+
+    Shares are equal slices of the compressed page bytes, so shards take
+    about the same time to decompress and parse; a shard may be empty when
+    there are fewer streams than shards.
+    """
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard_id {shard_id} outside [0, {num_shards})")
+    first = streams[0].offset
+    span = file_size - first
+    lo = first + span * shard_id // num_shards
+    hi = first + span * (shard_id + 1) // num_shards
+    offsets = [s.offset for s in streams]
+    i, j = bisect.bisect_left(offsets, lo), bisect.bisect_left(offsets, hi)
+    chosen = tuple(streams[i:j])
+    end = streams[j].offset if j < len(streams) else file_size
+    start = chosen[0].offset if chosen else end
+    return StreamShard(shard_id, num_shards, start, end, chosen)
+
+
+def plan_shards(streams: Sequence[Stream], file_size: int, num_shards: int) -> list[StreamShard]:
+    """All non-empty shards; at most one per stream."""
+    num_shards = max(1, min(num_shards, len(streams)))
+    shards = [shard_streams(streams, file_size, i, num_shards) for i in range(num_shards)]
+    return [s for s in shards if s.streams]
+
+
+def check_layout(dump: DumpSource, streams: Sequence[Stream], file_size: int) -> str:
+    """Cheap checks that the index belongs to the dump; returns the export schema version."""
+    last = streams[-1].offset
+    if last >= file_size:
+        raise DumpError(
+            f"{dump.name}: its index points at byte {last:,} but the file has {file_size:,} bytes; "
+            "the dump is truncated or the index belongs to another dump"
+        )
+    header = dump.read_range(0, streams[0].offset)
+    if not header.startswith(BZ2_MAGIC):
+        raise DumpError(f"{dump.name}: not bz2-compressed; a multistream index needs the .xml.bz2 multistream dump")
+    try:
+        text = bz2.decompress(header).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise DumpError(
+            f"{dump.name}: the bytes before the index's first offset are not one bz2 header stream ({exc}); "
+            "the index does not match this dump"
+        ) from exc
+    start = text.find("<mediawiki")
+    if start < 0 or EXPORT_NS_PREFIX not in text[start : start + 500]:
+        raise DumpError(f"{dump.name}: the header stream is not a MediaWiki export; give a pages-articles dump")
+    parser = PageParser(dump.name)
+    parser.feed(text[: text.index(">", start) + 1].encode())
+    return parser.schema_version or "unknown"
+
+
+def _footer(data: bytes) -> bool:
+    return data.strip() == b"</mediawiki>"
+
+
+def iter_shard_pages(dump: DumpSource, shard: StreamShard) -> Iterator[Page]:
+    """Pages of one shard, checking each stream against the index as it goes."""
+    parser = PageParser(f"{dump.name} (bytes {shard.start:,}-{shard.end:,})", wrapped=True)
+    with dump.open() as raw:
+        raw.seek(shard.start)
+        for k, stream in enumerate(shard.streams):
+            stream_end = shard.streams[k + 1].offset if k + 1 < len(shard.streams) else shard.end
+            data = _read_exact(raw, stream.offset, stream_end)
+            if not data.startswith(BZ2_MAGIC):
+                raise DumpError(
+                    f"{dump.name}: no bz2 stream starts at byte {stream.offset:,} as the index says; "
+                    "the index does not match this dump"
+                )
+            xml = _decompress_streams(data, dump.name, stream.offset)
+            pages: list[Page] = []
+            for chunk in xml:
+                if _footer(chunk):
+                    continue
+                pages.extend(parser.feed(chunk))
+            found = tuple(p.page_id for p in pages)
+            if found != stream.page_ids:
+                raise DumpError(
+                    f"{dump.name}: the stream at byte {stream.offset:,} holds pages {_preview(found)} but the index "
+                    f"lists {_preview(stream.page_ids)}; use the index published with this dump"
+                )
+            yield from pages
+    leftover = parser.close()
+    if leftover:
+        raise DumpError(f"{dump.name}: pages after the last indexed stream of shard {shard.shard_id}")
+
+
+def _read_exact(raw, start: int, end: int) -> bytes:
+    raw.seek(start)
+    data = raw.read(end - start)
+    if len(data) != end - start:
+        raise DumpError(f"file ends at byte {start + len(data):,}, before byte {end:,} that the index implies")
+    return data
+
+
+def _decompress_streams(data: bytes, name: str, offset: int) -> list[bytes]:
+    """Each bz2 stream in ``data`` decompressed; the footer stream comes out as its own item."""
+    out: list[bytes] = []
+    while data:
+        decompressor = bz2.BZ2Decompressor()
+        try:
+            out.append(decompressor.decompress(data))
+        except OSError as exc:
+            raise DumpError(f"{name}: corrupt bz2 stream at byte {offset:,} ({exc}); download the dump again") from exc
+        if not decompressor.eof:
+            raise DumpError(
+                f"{name}: the bz2 stream at byte {offset:,} is cut short (truncated download?); download the dump again"
+            )
+        data = decompressor.unused_data
+    return out
+
+
+def _preview(ids: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:3])
+    return f"[{shown}{', ...' if len(ids) > 3 else ''}] ({len(ids)})"

@@ -1,0 +1,187 @@
+"""One interface over any fsspec store: a local folder, ``file://`` or ``s3://``.
+
+Local and S3 stores differ only in their base URL and options; every stage
+reads and writes through a :class:`Store`.  Failures of the store itself
+(credentials, reachability, missing bucket) become one-line
+:class:`~rag_core.errors.StoreError` messages that name the URL and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import posixpath
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from rag_core.errors import StoreError
+
+_CREDENTIAL_HINT = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+_ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or WIKIRAG_STORE) and that the server is running"
+
+
+def join_url(base: str, *parts: str) -> str:
+    """``base/part/part``, without doubling slashes; works for paths and URLs."""
+    out = base.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}"
+    return out
+
+
+def is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+@contextlib.contextmanager
+def translate_errors(url: str, action: str) -> Iterator[None]:
+    """Turn the many shapes of store failures into one StoreError line."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except PermissionError as exc:
+        raise StoreError(f"{url}: {action} refused by the store ({_reason(exc)}); {_CREDENTIAL_HINT}") from exc
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # botocore and aiohttp errors have no common base we can import cheaply
+        name = type(exc).__name__
+        text = str(exc)
+        if name == "NoCredentialsError" or "Unable to locate credentials" in text:
+            raise StoreError(f"{url}: no credentials for the store; {_CREDENTIAL_HINT}") from exc
+        if name in {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"} or isinstance(
+            exc, (ConnectionError, TimeoutError)
+        ):
+            raise StoreError(f"{url}: store unreachable ({name}); {_ENDPOINT_HINT}") from exc
+        if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
+            raise StoreError(f"{url}: the bucket does not exist; create it first") from exc
+        if any(code in text for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden")):
+            raise StoreError(f"{url}: {action} refused by the store ({_reason(exc)}); {_CREDENTIAL_HINT}") from exc
+        raise
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:160]
+
+
+@dataclass(frozen=True)
+class Store:
+    """A base URL plus the fsspec options needed to reach it.
+
+    Options are explicit (never read from the environment here) so that the
+    same object can be shipped to Dask workers, which do not share the
+    client's environment.
+    """
+
+    url: str
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
+
+    @cached_property
+    def _fs_and_root(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        with translate_errors(self.url, "connecting"):
+            fs, root = url_to_fs(self.url, **dict(self.options))
+        return fs, root.rstrip("/")
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        return self._fs_and_root[0]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The filesystem object is rebuilt on the worker rather than pickled.
+        return {"url": self.url, "options": dict(self.options)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "url", state["url"])
+        object.__setattr__(self, "options", state["options"])
+
+    def child(self, *parts: str) -> Store:
+        """The store rooted at ``url/parts``, with the same options."""
+        return Store(join_url(self.url, *parts), self.options)
+
+    def url_of(self, *parts: str) -> str:
+        return join_url(self.url, *parts)
+
+    def path_of(self, *parts: str) -> str:
+        return join_url(self._fs_and_root[1], *parts) if parts else self._fs_and_root[1]
+
+    # -- reading -----------------------------------------------------------
+    def exists(self, *parts: str) -> bool:
+        with translate_errors(self.url_of(*parts), "reading"):
+            return self.fs.exists(self.path_of(*parts))
+
+    def read_bytes(self, *parts: str) -> bytes:
+        with translate_errors(self.url_of(*parts), "reading"):
+            return self.fs.cat_file(self.path_of(*parts))
+
+    def read_json(self, *parts: str) -> Any:
+        return json.loads(self.read_bytes(*parts))
+
+    def list(self, *parts: str) -> list[str]:
+        """Names (not paths) directly under ``parts``; empty when absent."""
+        path = self.path_of(*parts)
+        with translate_errors(self.url_of(*parts), "listing"):
+            try:
+                entries = self.fs.ls(path, detail=False, refresh=True)
+            except FileNotFoundError:
+                return []
+        return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
+
+    def open(self, *parts: str, mode: str = "rb") -> Any:
+        path = self.path_of(*parts)
+        if "w" in mode and is_local(self.url):
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        with translate_errors(self.url_of(*parts), "opening"):
+            return self.fs.open(path, mode)
+
+    # -- writing -----------------------------------------------------------
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """Write a whole object so that readers see all of it or nothing.
+
+        On S3 one PUT is atomic; on a local disk we write a sibling and rename.
+        """
+        path = self.path_of(*parts)
+        with translate_errors(self.url_of(*parts), "writing"):
+            if is_local(self.url):
+                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+                self.fs.pipe_file(tmp, data)
+                self.fs.mv(tmp, path)
+            else:
+                self.fs.pipe_file(path, data)
+
+    def write_json(self, obj: Any, *parts: str) -> None:
+        self.write_bytes(json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n", *parts)
+
+    def remove(self, *parts: str) -> None:
+        """Remove a file or a folder tree; absent is fine."""
+        path = self.path_of(*parts)
+        with translate_errors(self.url_of(*parts), "deleting"):
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+
+    def move_tree(self, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
+        """Move a folder; a rename on local disks, copy-then-delete on S3."""
+        src_path, dst_path = self.path_of(*src), self.path_of(*dst)
+        with translate_errors(self.url_of(*dst), "publishing"):
+            if self.fs.exists(dst_path):
+                self.fs.rm(dst_path, recursive=True)
+            if is_local(self.url):
+                self.fs.makedirs(posixpath.dirname(dst_path), exist_ok=True)
+                self.fs.mv(src_path, dst_path, recursive=True)
+            else:
+                self.fs.copy(src_path, dst_path, recursive=True)
+                self.fs.rm(src_path, recursive=True)
+
+    def check_writable(self) -> None:
+        """Fail fast, before any work, when the store refuses writes or is down."""
+        probe = ("_probe", f"{uuid.uuid4().hex}.txt")
+        self.write_bytes(b"ok", *probe)
+        if self.read_bytes(*probe) != b"ok":
+            raise StoreError(f"{self.url}: a probe write did not read back; the store is inconsistent")
+        self.remove(*probe)

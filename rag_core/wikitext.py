@@ -1,0 +1,198 @@
+"""Wikitext to plain text, in the spirit of DPR's preprocessing.
+
+Removed: templates and infoboxes, tables, references, files and images,
+galleries, categories, interlanguage links, comments, magic words, math,
+HTML tags, trailing reference sections (References, External links, ...).
+Kept: link text, bold and italic text, list item text.  Section titles end
+the paragraph they follow and are not themselves kept.
+
+Nested constructs (templates in templates, links in image captions) are
+removed with a bracket-matching pass over the tokens, not by regex alone, so
+deep nesting costs one linear pass rather than one pass per level.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+# Bump when the output of clean_wikitext changes: passage sets are keyed by it.
+CLEANER_VERSION = "1"
+
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_DROPPED_TAGS = (
+    "ref|references|math|chem|ce|gallery|timeline|score|syntaxhighlight|source|imagemap|"
+    "templatedata|mapframe|maplink|graph|hiero|inputbox|categorytree|noinclude|includeonly|indicator"
+)
+_SELF_CLOSING = re.compile(rf"<(?:{_DROPPED_TAGS})\b[^>]*/\s*>", re.I)
+_PAIRED = re.compile(rf"<({_DROPPED_TAGS})\b[^>]*>.*?</\1\s*>", re.I | re.S)
+_BLOCK_TOKENS = re.compile(r"\{\{|\}\}|^[ \t]*\{\||^[ \t]*\|\}(?!\})", re.M)
+_LINK_TOKENS = re.compile(r"\[\[|\]\]")
+# Interlanguage prefixes are lower case; an upper-case prefix is an ordinary title with a colon.
+_LANG_PREFIX = re.compile(r"^\s*(?:[a-z]{2,3}(?:-[a-z]{2,8})*|simple)\s*:")
+_NAMESPACE_PREFIX = re.compile(
+    r"^\s*(?:file|image|media|category|wikipedia|wp|help|template|portal|special|user|module|draft)\s*:", re.I
+)
+_EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:|//)[^\s\]]*\s*([^\]]*)\]")
+_BARE_URL = re.compile(r"\bhttps?://\S+")
+_BOLD_ITALIC = re.compile(r"'{2,}")
+_HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$")
+_MAGIC_WORD = re.compile(r"__[A-Z]+__")
+_BREAK_TAG = re.compile(r"<br\s*/?>", re.I)
+_HTML_TAG = re.compile(r"</?[a-zA-Z][^<>]*>")
+_LIST_MARKER = re.compile(r"^[*#:;]+\s*")
+_SPACES = re.compile(r"[ \t\u00a0\u2009\u200b]+")
+_EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
+_SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)])")
+
+TRAILING_SECTIONS = frozenset(
+    {
+        "references",
+        "external links",
+        "see also",
+        "notes",
+        "further reading",
+        "bibliography",
+        "sources",
+        "footnotes",
+        "citations",
+        "notes and references",
+        "references and notes",
+        "works cited",
+    }
+)
+
+_DISAMBIGUATION = re.compile(
+    r"\{\{\s*(?:disambiguation|disambig|disamb|dab|hndis|geodis|schooldis|hospitaldis|numberdis|mathdab|"
+    r"letter-numbercombdis|[^{}|\n]{0,40}\bdisambiguation)\s*(?:\||\}\})",
+    re.I,
+)
+_REDIRECT = re.compile(r"^\s*#redirect\s*:?\s*\[\[([^\]|#]*)", re.I)
+
+
+def is_disambiguation(wikitext: str) -> bool:
+    """True for pages that carry a disambiguation template."""
+    return _DISAMBIGUATION.search(wikitext) is not None
+
+
+def redirect_target(wikitext: str) -> str | None:
+    """The target of a ``#REDIRECT [[...]]`` page, for exports without ``<redirect>``."""
+    m = _REDIRECT.match(wikitext)
+    return m.group(1).strip() if m else None
+
+
+def _remove_blocks(text: str) -> str:
+    """Drop templates ``{{...}}`` and tables ``{|...|}``, nested to any depth."""
+    out: list[str] = []
+    stack: list[tuple[str, int]] = []
+    keep_from = 0
+    for m in _BLOCK_TOKENS.finditer(text):
+        tok = m.group().strip()
+        if tok in ("{{", "{|"):
+            if not stack:
+                out.append(text[keep_from : m.start()])
+            stack.append(("}}" if tok == "{{" else "|}", m.start()))
+            continue
+        depth = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == tok), None)
+        if depth is None:
+            if not stack:  # a stray closer outside any block: drop just the token
+                out.append(text[keep_from : m.start()])
+                keep_from = m.end()
+            continue
+        del stack[depth:]
+        if not stack:
+            keep_from = m.end()
+    if stack:
+        # An unclosed block swallows only the rest of its paragraph, not the article.
+        end = text.find("\n\n", stack[0][1])
+        if end >= 0:
+            out.append(_remove_blocks(text[end:]))
+    else:
+        out.append(text[keep_from:])
+    return "".join(out)
+
+
+def _link_text(inner: str) -> str:
+    if _NAMESPACE_PREFIX.match(inner) or _LANG_PREFIX.match(inner):
+        return ""
+    inner = inner.lstrip(":")
+    target, bar, label = inner.partition("|")
+    return (label if bar and label.strip() else target).strip()
+
+
+def _replace_links(text: str) -> str:
+    """``[[target|label]]`` to its label; files, categories and interwiki links dropped."""
+    out: list[str] = []
+    depth = 0
+    keep_from = 0
+    start = 0
+    for m in _LINK_TOKENS.finditer(text):
+        if m.group() == "[[":
+            if depth == 0:
+                out.append(text[keep_from : m.start()])
+                start = m.end()
+            depth += 1
+        elif depth:
+            depth -= 1
+            if depth == 0:
+                inner = text[start : m.start()]
+                out.append(_link_text(inner) if "[[" not in inner else "")
+                keep_from = m.end()
+        else:
+            out.append(text[keep_from : m.start()])
+            keep_from = m.end()
+    out.append(text[keep_from:] if depth == 0 else text[keep_from : start - 2])
+    return "".join(out)
+
+
+def _inline(line: str) -> str:
+    line = _EXTERNAL_LINK.sub(r"\1", line)
+    line = _BARE_URL.sub("", line)
+    line = _BOLD_ITALIC.sub("", line)
+    line = _MAGIC_WORD.sub("", line)
+    line = _BREAK_TAG.sub(" ", line)
+    line = _HTML_TAG.sub("", line)
+    line = html.unescape(line)
+    line = _HTML_TAG.sub("", line)  # tags that were escaped as &lt;...&gt;
+    line = _EMPTY_PARENS.sub("", line)
+    line = _SPACES.sub(" ", line)
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", line).strip()
+
+
+def clean_wikitext(wikitext: str) -> str:
+    """Plain text of an article: paragraphs separated by newlines."""
+    text = _COMMENT.sub("", wikitext)
+    text = _SELF_CLOSING.sub("", text)
+    text = _PAIRED.sub("", text)
+    text = _remove_blocks(text)
+    text = _replace_links(text)
+    paragraphs: list[str] = []
+    current: list[str] = []
+    skip_level = 0  # inside a trailing section of this heading level (0: not skipping)
+    for raw_line in text.split("\n"):
+        heading = _HEADING.match(raw_line)
+        if heading:
+            level = len(heading.group(1))
+            if skip_level and level > skip_level:
+                continue
+            skip_level = level if heading.group(2).strip().lower() in TRAILING_SECTIONS else 0
+            if current:
+                paragraphs.append(" ".join(current))
+                current = []
+            continue
+        if skip_level:
+            continue
+        stripped = raw_line.strip()
+        if not stripped:
+            if current:
+                paragraphs.append(" ".join(current))
+                current = []
+            continue
+        if stripped[0] in "|!" or stripped.startswith("----"):
+            continue  # residue of a table or a rule
+        line = _inline(_LIST_MARKER.sub("", stripped))
+        if line:
+            current.append(line)
+    if current:
+        paragraphs.append(" ".join(current))
+    return "\n".join(paragraphs)
