@@ -27,10 +27,26 @@ def _configure_logging(verbose: bool) -> None:
     log.addHandler(handler)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     log.propagate = False
-    if not verbose:
-        # Tracebacks of expected failures (bad input) would bury the one line that explains them.
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO")
-        os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+
+
+class _ExpectedErrorFilter(logging.Filter):
+    """Bad input is explained by one line; its traceback would only bury that line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], WikiragError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_expected_tracebacks() -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.root, *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.addFilter(_ExpectedErrorFilter())
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -54,6 +70,8 @@ def _run_ingest(settings: Settings, config_kwargs: dict) -> str:
     with prefect_api(settings.prefect_home):
         from flows.ingest import dask_runner, ingest  # imports prefect: only once its API is known
 
+        if not log.isEnabledFor(logging.DEBUG):
+            _quiet_expected_tracebacks()
         runner = dask_runner(settings.dask_address, settings.workers)
         return ingest.with_options(task_runner=runner)(config=config, store=settings.store_url)
 

@@ -39,7 +39,7 @@ def dask_runner(address: str | None, workers: int) -> DaskTaskRunner:
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
-            "dashboard_address": None,
+            "dashboard_address": "127.0.0.1:0",  # loopback, any free port: runs may overlap
         },
     )
 

@@ -74,7 +74,6 @@ class Settings(BaseSettings):
         options: dict[str, Any] = {
             # Fail in seconds, not minutes, when the endpoint is down.
             "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}},
-            "retries": 2,
         }
         if self.aws_access_key_id:
             options["key"] = self.aws_access_key_id

@@ -128,7 +128,7 @@ def check_layout(dump: DumpSource, streams: Sequence[Stream], file_size: int) ->
         raise DumpError(f"{dump.name}: not bz2-compressed; a multistream index needs the .xml.bz2 multistream dump")
     try:
         text = bz2.decompress(header).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, ValueError, UnicodeDecodeError) as exc:
         raise DumpError(
             f"{dump.name}: the bytes before the index's first offset are not one bz2 header stream ({exc}); "
             "the index does not match this dump"

@@ -49,6 +49,8 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         raise StoreError(f"{url}: {action} refused by the store ({_reason(exc)}); {_CREDENTIAL_HINT}") from exc
     except FileNotFoundError:
         raise
+    except (NotADirectoryError, IsADirectoryError, FileExistsError) as exc:
+        raise StoreError(f"{url}: {action} failed ({exc.strerror or exc}); the store path is blocked by a file") from exc
     except Exception as exc:  # botocore and aiohttp errors have no common base we can import cheaply
         name = type(exc).__name__
         text = str(exc)
@@ -180,8 +182,12 @@ class Store:
 
     def check_writable(self) -> None:
         """Fail fast, before any work, when the store refuses writes or is down."""
-        probe = ("_probe", f"{uuid.uuid4().hex}.txt")
-        self.write_bytes(b"ok", *probe)
-        if self.read_bytes(*probe) != b"ok":
+        path = self.path_of("_probe", f"{uuid.uuid4().hex}.txt")
+        with translate_errors(self.url, "writing"):
+            if is_local(self.url):
+                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.fs.pipe_file(path, b"ok")
+            ok = self.fs.cat_file(path) == b"ok"
+            self.fs.rm(path)
+        if not ok:
             raise StoreError(f"{self.url}: a probe write did not read back; the store is inconsistent")
-        self.remove(*probe)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Register the deployments of prefect.yaml and serve them from a process work pool.
+# Needs PREFECT_API_URL; the worker's environment carries WIKIRAG_STORE, AWS_* and WIKIRAG_DASK_ADDRESS.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+cd "$(dirname "$0")/.."
+: "${PREFECT_API_URL:?set PREFECT_API_URL, e.g. http://127.0.0.1:4200/api}"
+export WIKIRAG_REPO=${WIKIRAG_REPO:-$PWD}
+prefect work-pool inspect wikirag-process >/dev/null 2>&1 || prefect work-pool create wikirag-process --type process
+prefect --no-prompt deploy --all
+exec prefect worker start --pool wikirag-process

