@@ -73,7 +73,22 @@ def _run_ingest(settings: Settings, config_kwargs: dict) -> str:
         if not log.isEnabledFor(logging.DEBUG):
             _quiet_expected_tracebacks()
         runner = dask_runner(settings.dask_address, settings.workers)
-        return ingest.with_options(task_runner=runner)(config=config, store=settings.store_url)
+        url = ingest.with_options(task_runner=runner)(config=config, store=settings.store_url)
+    _log_counts(settings, url)
+    return url
+
+
+def _log_counts(settings: Settings, url: str) -> None:
+    from rag_core.ingest import MANIFEST
+    from rag_core.storage import Store
+
+    manifest = Store(url, settings.storage_options(url)).read_json(MANIFEST)
+    c = manifest["counts"]
+    log.info(
+        "%s pages: %s articles (%s disambiguation, %s empty skipped), %s redirects, %s other namespaces -> %s passages",
+        f"{c['pages']:,}", f"{c['articles']:,}", f"{c['disambiguation']:,}", f"{c['empty']:,}",
+        f"{c['redirects']:,}", f"{c['other_namespace']:,}", f"{c['passages']:,}",
+    )
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -89,7 +104,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             "max_residue_rate": args.max_residue_rate,
         },
     )
-    log.info("passages published")
     print(url)
     return 0
 

@@ -48,7 +48,7 @@ class IngestConfig(BaseModel):
     words_per_passage: int = Field(100, ge=1, description="DPR's window: disjoint runs of this many words")
     skip_disambiguation: bool = Field(True, description="leave disambiguation pages out of the passages")
     shards: int = Field(0, ge=0, description="multistream shards; 0 picks about one per 32 MiB, at least 16")
-    batch_pages: int = Field(500, ge=1, description="pages per Dask task when there is no index")
+    batch_pages: int = Field(200, ge=1, description="pages per Dask task when there is no index")
     max_residue_rate: float = Field(0.01, ge=0, le=1, description="gate: most passages allowed to keep markup")
 
     def content_key(self) -> dict[str, Any]:
