@@ -7,6 +7,7 @@ gate each part and the ids across parts -> publish (parts, then manifest)
 from __future__ import annotations
 
 from prefect import flow, unmapped
+from prefect.futures import wait
 from prefect_dask import DaskTaskRunner
 
 from flows.settings import Settings, quiet_environment
@@ -70,7 +71,9 @@ def ingest(config: IngestConfig, store: str | None = None) -> str:
         return url
 
     if plan.shards:
-        records = ingest_shard.map(unmapped(dump), plan.shards, unmapped(target), unmapped(plan), unmapped(config)).result()
+        shard_runs = ingest_shard.map(unmapped(dump), plan.shards, unmapped(target), unmapped(plan), unmapped(config))
+        wait(shard_runs)  # healthy shards finish and stay staged even when one fails: a rerun reuses them
+        records = shard_runs.result()
     else:
         records = ingest_stream.submit(dump, target, plan, config).result()
 

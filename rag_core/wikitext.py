@@ -33,7 +33,7 @@ _LANG_PREFIX = re.compile(r"^\s*(?:[a-z]{2,3}(?:-[a-z]{2,8})*|simple)\s*:")
 _NAMESPACE_PREFIX = re.compile(
     r"^\s*(?:file|image|media|category|wikipedia|wp|help|template|portal|special|user|module|draft)\s*:", re.I
 )
-_EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:|//)[^\s\]]*\s*([^\]]*)\]")
+_EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:|//)[^\s\]]*[ \t]*([^\]\n]*)\]")
 _BARE_URL = re.compile(r"\bhttps?://\S+")
 _BOLD_ITALIC = re.compile(r"'{2,}")
 _HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$")
@@ -145,7 +145,9 @@ def _replace_links(text: str) -> str:
     return "".join(out)
 
 
-def _inline(line: str) -> str:
+def _inline(text: str) -> str:
+    """Inline markup, over the whole text at once (one regex pass each, not one per line)."""
+    line = text
     line = _EXTERNAL_LINK.sub(r"\1", line)
     line = _BARE_URL.sub("", line)
     line = _BOLD_ITALIC.sub("", line)
@@ -156,7 +158,7 @@ def _inline(line: str) -> str:
     line = _HTML_TAG.sub("", line)  # tags that were escaped as &lt;...&gt;
     line = _EMPTY_PARENS.sub("", line)
     line = _SPACES.sub(" ", line)
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", line).strip()
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", line)
 
 
 def clean_wikitext(wikitext: str) -> str:
@@ -165,7 +167,7 @@ def clean_wikitext(wikitext: str) -> str:
     text = _SELF_CLOSING.sub("", text)
     text = _PAIRED.sub("", text)
     text = _remove_blocks(text)
-    text = _replace_links(text)
+    text = _inline(_replace_links(text))
     paragraphs: list[str] = []
     current: list[str] = []
     skip_level = 0  # inside a trailing section of this heading level (0: not skipping)
@@ -190,7 +192,7 @@ def clean_wikitext(wikitext: str) -> str:
             continue
         if stripped[0] in "|!" or stripped.startswith("----"):
             continue  # residue of a table or a rule
-        line = _inline(_LIST_MARKER.sub("", stripped))
+        line = _LIST_MARKER.sub("", stripped).strip()
         if line:
             current.append(line)
     if current:
