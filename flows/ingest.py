@@ -23,7 +23,7 @@ from tasks.ingest import (
     publish_passages,
     summarize_ingest,
 )
-from tasks.quality import enforce_gates, gate_ids_across_parts, gate_staged_part
+from tasks.quality import enforce_gates, gate_passages, warm_gates
 
 quiet_environment()
 
@@ -63,6 +63,7 @@ def ingest(config: IngestConfig, store: str | None = None) -> str:
     index = DumpSource(config.index, settings.storage_options(config.index)) if config.index else None
 
     check_store(target)
+    warm_gates()
     plan = plan_dump(config, dump, index)
     existing = already_published(target, plan)
     if existing is not None:
@@ -77,11 +78,8 @@ def ingest(config: IngestConfig, store: str | None = None) -> str:
     else:
         records = ingest_stream.submit(dump, target, plan, config).result()
 
-    part_gates = gate_staged_part.map(
-        unmapped(target), unmapped(plan.dump_id), unmapped(plan.layout), records, unmapped(config)
-    )
-    id_gate = gate_ids_across_parts.submit(target, plan.dump_id, plan.layout, records)
-    gate_markdown = enforce_gates(target, plan.dump_id, [*part_gates.result(), id_gate.result()])
+    gates = gate_passages(target, plan.dump_id, plan.layout, records, config)
+    gate_markdown = enforce_gates(target, plan.dump_id, gates)
 
     url = publish_passages(target, plan, records, gate_markdown, dump, index, config)
     summarize_ingest(plan, already_published(target, plan), url, reused=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,16 +171,29 @@ def validate_unique_ids(ids: pa.Array | pa.ChunkedArray) -> GateResult:
     return _validate("passage-ids", frame, [gxe.ExpectColumnValuesToBeUnique(column="passage_id")])
 
 
+@task
+def warm_gates() -> None:
+    """Import Great Expectations in the background while the shards are parsed (it takes seconds)."""
+    threading.Thread(target=_context, name="gx-warm-up", daemon=True).start()
+
+
 @task(retries=2, retry_delay_seconds=2)
-def gate_staged_part(store: Store, dump_id: str, layout: str, record: dict[str, Any], config: IngestConfig) -> list[GateResult]:
-    """Run the passages and page-count gates on one staged part."""
-    table = read_staged_table(store, dump_id, layout, record["part"])
-    counts = PageCounts(**record["counts"])
-    distinct = len(set(table.column("page_id").to_pylist()))
-    return [
-        validate_passages(table, config.words_per_passage, config.max_residue_rate),
-        validate_counts(counts, distinct, table.num_rows),
-    ]
+def gate_passages(store: Store, dump_id: str, layout: str, records: list[dict[str, Any]], config: IngestConfig) -> list[GateResult]:
+    """The passages and page-count gates on every staged part, then ids across parts.
+
+    Runs in one process (the flow's): importing GX in every Dask worker would
+    cost each of them seconds, while validating a part takes a fraction of one.
+    """
+    results: list[GateResult] = []
+    id_columns = []
+    for record in records:
+        table = read_staged_table(store, dump_id, layout, record["part"])
+        distinct = len(set(table.column("page_id").to_pylist()))
+        results.append(validate_passages(table, config.words_per_passage, config.max_residue_rate))
+        results.append(validate_counts(PageCounts(**record["counts"]), distinct, table.num_rows))
+        id_columns.extend(table.column("passage_id").chunks)
+    results.append(validate_unique_ids(pa.chunked_array(id_columns, type=pa.string())))
+    return results
 
 
 def combine(results: list[GateResult]) -> list[GateResult]:
@@ -213,20 +227,9 @@ def artifact_key(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:100]
 
 
-@task(retries=2, retry_delay_seconds=2)
-def gate_ids_across_parts(store: Store, dump_id: str, layout: str, records: list[dict[str, Any]]) -> GateResult:
-    """Passage ids unique over the whole set (reads only the id column of each part)."""
-    columns = [read_staged_table(store, dump_id, layout, r["part"], columns=["passage_id"]).column(0) for r in records]
-    chunks = [chunk for column in columns for chunk in column.chunks]
-    return validate_unique_ids(pa.chunked_array(chunks, type=pa.string()))
-
-
 @task
-def enforce_gates(store: Store, dump_id: str, results: list[Any]) -> str:
+def enforce_gates(store: Store, dump_id: str, flat: list[GateResult]) -> str:
     """Pass the gate results' markdown on, or keep a report and stop the run."""
-    flat: list[GateResult] = []
-    for r in results:
-        flat.extend(r if isinstance(r, list) else [r])
     markdown = report_markdown("Passages gate", flat)
     if all(r.success for r in flat):
         return markdown
