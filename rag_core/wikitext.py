@@ -26,7 +26,9 @@ _DROPPED_TAGS = (
 )
 _SELF_CLOSING = re.compile(rf"<(?:{_DROPPED_TAGS})\b[^>]*/\s*>", re.I)
 _PAIRED = re.compile(rf"<({_DROPPED_TAGS})\b[^>]*>.*?</\1\s*>", re.I | re.S)
-_BLOCK_TOKENS = re.compile(r"\{\{|\}\}|^[ \t]*\{\||^[ \t]*\|\}(?!\})", re.M)
+# Table tokens count only at the start of a line; that is checked in Python, which keeps this
+# pattern a plain character scan (a line anchor would make the engine try every position).
+_BLOCK_TOKENS = re.compile(r"\{\{|\}\}|\{\||\|\}(?!\})")
 _LINK_TOKENS = re.compile(r"\[\[|\]\]")
 # Interlanguage prefixes are lower case; an upper-case prefix is an ordinary title with a colon.
 _LANG_PREFIX = re.compile(r"^\s*(?:[a-z]{2,3}(?:-[a-z]{2,8})*|simple)\s*:")
@@ -34,14 +36,16 @@ _NAMESPACE_PREFIX = re.compile(
     r"^\s*(?:file|image|media|category|wikipedia|wp|help|template|portal|special|user|module|draft)\s*:", re.I
 )
 _EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:|//)[^\s\]]*[ \t]*([^\]\n]*)\]")
-_BARE_URL = re.compile(r"\bhttps?://\S+")
-_BOLD_ITALIC = re.compile(r"'{2,}")
+_BARE_URL = re.compile(r"https?://\S+")
+_BOLD_ITALIC = re.compile(r"''+")
 _HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$")
 _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _BREAK_TAG = re.compile(r"<br\s*/?>", re.I)
 _HTML_TAG = re.compile(r"</?[a-zA-Z][^<>]*>")
 _LIST_MARKER = re.compile(r"^[*#:;]+\s*")
-_SPACES = re.compile(r"[ \t\u00a0\u2009\u200b]+")
+# Replacing only runs (not every single space) keeps these passes cheap.
+_ODD_SPACES = re.compile(r"[\t\u00a0\u2009\u200b]")
+_MULTI_SPACE = re.compile(r"  +")
 _EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
 _SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)])")
 
@@ -87,7 +91,11 @@ def _remove_blocks(text: str) -> str:
     stack: list[tuple[str, int]] = []
     keep_from = 0
     for m in _BLOCK_TOKENS.finditer(text):
-        tok = m.group().strip()
+        tok = m.group()
+        if tok[0] == "|" or tok[1] == "|":
+            line_start = text.rfind("\n", 0, m.start()) + 1
+            if text[line_start : m.start()].strip():
+                continue  # "{|" or "|}" inside a line is not a table
         if tok in ("{{", "{|"):
             if not stack:
                 out.append(text[keep_from : m.start()])
@@ -113,7 +121,7 @@ def _remove_blocks(text: str) -> str:
 
 
 def _link_text(inner: str) -> str:
-    if _NAMESPACE_PREFIX.match(inner) or _LANG_PREFIX.match(inner):
+    if ":" in inner and (_NAMESPACE_PREFIX.match(inner) or _LANG_PREFIX.match(inner)):
         return ""
     inner = inner.lstrip(":")
     target, bar, label = inner.partition("|")
@@ -157,7 +165,7 @@ def _inline(text: str) -> str:
     line = html.unescape(line)
     line = _HTML_TAG.sub("", line)  # tags that were escaped as &lt;...&gt;
     line = _EMPTY_PARENS.sub("", line)
-    line = _SPACES.sub(" ", line)
+    line = _MULTI_SPACE.sub(" ", _ODD_SPACES.sub(" ", line))
     return _SPACE_BEFORE_PUNCT.sub(r"\1", line)
 
 
