@@ -1,0 +1,441 @@
+"""Per-shard FAISS indexes and the versions they are published as.
+
+One FAISS index per passage shard. Row ``i`` of a shard's index is the shard's
+``i``-th passage: ids are resolved through the shard's ids file, never through
+FAISS ids (no ``IndexIDMap``: string passage ids do not fit in int64, and the
+row order is already stored beside the index). Layout under ``<store>/indexes/``::
+
+    <version>/shard-00000.faiss          faiss.serialize_index bytes of shard 0
+    <version>/shard-00000.ids.parquet    passage_id (+ title, text), in FAISS row order
+    <version>/manifest.json              written last: the version exists once it does
+    LATEST                               {"version": ...}; moved only after the manifest exists
+
+Versions are ``20261130T114501.123Z-1a2b3c4d`` (UTC time to the millisecond,
+then random hex): they sort by creation time and do not collide. Shard files may
+be written by different workers (:func:`write_shard`); :func:`publish_manifest`
+then makes the version visible and moves LATEST. A crash before the manifest
+leaves files that no reader lists or loads; :func:`delete_version` removes them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import math
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, Field
+
+from rag_core.errors import WikiragError
+from rag_core.storage import Store
+
+INDEXES_DIR = "indexes"
+MANIFEST = "manifest.json"
+LATEST = "LATEST"
+MANIFEST_FORMAT = 1
+METRICS = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
+FLAT_MAX_VECTORS = 10_000  # below this exact search is fast and a graph buys nothing
+EXACT_RECALL = 0.999  # a recall target at or above this asks for exact search
+HNSW_M = 32  # links per node: the RAG paper's HNSW32
+HNSW_EXTRA_BYTES = 16  # per vector: level, offsets and upper-level links (measured: 656 B for HNSW32_SQ8 at d=384)
+IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
+MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
+PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
+_VERSION_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+_RESERVED_FIELDS = ("format", "version", "created_at", "count", "shards")
+
+
+class IndexBuildError(WikiragError):
+    """An index cannot be built from these vectors and settings."""
+
+
+class IndexVersionError(WikiragError):
+    """An index version is missing, misnamed, or cannot be published or deleted."""
+
+
+class CorruptShardError(WikiragError):
+    """A shard's files do not match what its manifest recorded."""
+
+
+class IndexConfig(BaseModel):
+    """How the index stage builds each shard's FAISS index; also the flow's parameter."""
+
+    factory: str = Field("auto", description="FAISS factory string (Flat, HNSW32, IVF4096,PQ48, ...) or auto")
+    metric: Literal["ip", "l2"] = Field("ip", description="inner product (DPR, normalised encoders) or L2")
+    memory_budget_bytes: int | None = Field(None, gt=0, description="auto: RAM for the whole index; None = no limit")
+    recall_target: float = Field(0.95, gt=0, le=1, description="recall@10 aimed at; auto and default params use it")
+    nprobe: int | None = Field(None, ge=1, description="IVF lists visited per query; None derives it from recall")
+    ef_search: int | None = Field(None, ge=1, description="HNSW candidate list per query; None derives it from recall")
+    train_sample: int = Field(100_000, ge=1, description="at most this many vectors (seeded sample) train IVF/PQ/SQ")
+    seed: int = Field(0, description="seed of the training sample")
+
+    def resolve_factory(self, n_vectors: int, dim: int, *, total_vectors: int | None = None) -> str:
+        """The factory for a shard of ``n_vectors``; ``total_vectors`` is the whole index (default: the shard)."""
+        if self.factory != "auto":
+            return self.factory
+        return choose_factory(
+            total_vectors or n_vectors, dim, self.memory_budget_bytes, self.recall_target,
+            shard_vectors=n_vectors, train_vectors=min(n_vectors, self.train_sample),
+        )
+
+
+def ivf_lists(shard_vectors: int, train_vectors: int | None = None) -> int:
+    """About 4*sqrt(n) lists, a power of two, with at least 39 training vectors per list."""
+    train = shard_vectors if train_vectors is None else train_vectors
+    cap = max(1, min(train // MIN_TRAIN_PER_LIST, 1 << 16))
+    lists = 1 << max(0, round(math.log2(max(1.0, 4 * math.sqrt(max(shard_vectors, 1))))))
+    return lists if lists <= cap else 1 << int(math.log2(cap))
+
+
+def choose_factory(
+    n_vectors: int,
+    dim: int,
+    memory_budget_bytes: int | None = None,
+    recall_target: float = 0.95,
+    *,
+    shard_vectors: int | None = None,
+    train_vectors: int | None = None,
+) -> str:
+    """The ``auto`` rule: the most accurate index family whose memory fits the budget.
+
+    ``n_vectors`` and ``memory_budget_bytes`` describe the whole index (every shard
+    is held in RAM by whoever searches); IVF list counts follow one shard's size
+    (``shard_vectors``, default the whole) and its training set (``train_vectors``).
+    Tried in order, the first that fits wins (bytes per vector, ``d`` = dim):
+
+    1. ``Flat`` (4d) when n <= 10,000 or the recall target is >= 0.999: exact,
+       and at that size as fast as any approximate index.
+    2. ``HNSW32`` (4d + 8*32 + 16): the RAG paper's index; recall@10 1.00 on 200k
+       clustered 384-d vectors here at 4-8x the QPS of exact search. Costs more
+       than Flat, so it is chosen only when memory allows.
+    3. ``HNSW32_SQ8`` (d + 8*32 + 16): the same graph over 8-bit scalar codes;
+       recall@10 0.989 at 656 B/vector (d=384), a quarter of the vector bytes.
+    4. ``IVF{k},SQ8`` (d + 8): drops the graph; k ~ 4*sqrt(shard) lists, a power
+       of two (FAISS's guideline, as autofaiss uses), at least 39 training
+       vectors per list. Recall depends on nprobe, which the recall target sets.
+    5. ``OPQ{m},IVF{k},PQ{m}`` (m + 8) with the largest m in 64..4 that fits:
+       product quantisation for budgets below one byte per dimension. OPQ's
+       rotation matters (IVF1024,PQ48 gave 0.63 recall@10 here, with OPQ 0.84);
+       when d is not a multiple of m, OPQ also maps to the next multiple.
+       Its training is slow (minutes per shard). A flat refine lifted it to
+       0.998 but stores the raw vectors again (4d), so under a budget this
+       tight it cannot fit: when the recall gate fails here, the fix is more
+       memory (a higher tier), not a refine.
+
+    Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
+    The recall target is a prior, not a guarantee: the recall gate measures it.
+    """
+    if n_vectors < 0 or dim < 1:
+        raise IndexBuildError(f"cannot size an index for {n_vectors} vectors of dimension {dim}")
+    shard_n = max(1, shard_vectors or n_vectors)
+    train_n = shard_n if train_vectors is None else train_vectors
+    n_shards = max(1, math.ceil(n_vectors / shard_n))
+    budget = math.inf if memory_budget_bytes is None else memory_budget_bytes
+
+    def fits(per_vector: float, per_shard: float = 0.0) -> bool:
+        return n_vectors * per_vector + n_shards * per_shard <= budget
+
+    if (n_vectors <= FLAT_MAX_VECTORS or recall_target >= EXACT_RECALL) and fits(4 * dim):
+        return "Flat"
+    graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
+    if fits(4 * dim + graph):
+        return f"HNSW{HNSW_M}"
+    if fits(dim + graph, 8 * dim):
+        return f"HNSW{HNSW_M}_SQ8"
+    lists = ivf_lists(shard_n, train_n)
+    if fits(dim + IVF_ID_BYTES, 4 * dim * lists + 8 * dim):
+        return f"IVF{lists},SQ8"
+    if train_n >= 256:  # 8-bit PQ trains 256 centroids per sub-quantiser
+        for m in (m for m in PQ_SUBQUANTIZERS if m < dim):
+            d_out = m * math.ceil(dim / m)
+            if fits(m + IVF_ID_BYTES, 4 * d_out * (lists + dim + 256)):
+                opq = f"OPQ{m}" if d_out == dim else f"OPQ{m}_{d_out}"
+                return f"{opq},IVF{lists},PQ{m}"
+    smallest = n_vectors * (PQ_SUBQUANTIZERS[-1] + IVF_ID_BYTES)
+    raise IndexBuildError(
+        f"a memory budget of {memory_budget_bytes} bytes cannot hold {n_vectors} vectors of dimension {dim} "
+        f"(the smallest index, PQ4, needs about {smallest} bytes and 256 training vectors); "
+        "raise memory_budget_bytes or spread the shards over more machines"
+    )
+
+
+def search_params(index: faiss.Index, recall_target: float) -> dict[str, int]:
+    """Default nprobe/efSearch for a recall target: wider searches for higher targets."""
+    level = 0 if recall_target <= 0.9 else 1 if recall_target <= 0.97 else 2
+    params: dict[str, int] = {"efSearch": (64, 128, 256)[level]}
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        params["nprobe"] = min(ivf.nlist, max(8, ivf.nlist // (32, 16, 8)[level]))
+    return params
+
+
+def set_search_params(index: faiss.Index, **params: int | None) -> None:
+    """Set FAISS search parameters (nprobe, efSearch, ...) where the index has them; others are ignored."""
+    space = faiss.ParameterSpace()
+    for name, value in params.items():
+        if value is None:
+            continue
+        try:
+            space.set_index_parameter(index, name, float(value))
+        except RuntimeError as exc:
+            if "could not set parameter" not in str(exc):
+                raise
+
+
+def build_shard_index(
+    vectors: np.ndarray,
+    config: IndexConfig,
+    train_vectors: np.ndarray | None = None,
+    *,
+    total_vectors: int | None = None,
+) -> faiss.Index:
+    """A FAISS index over one shard's ``vectors`` (float32 ``[n, d]``); row i is vector i.
+
+    Trains (when the factory needs it) on a seeded sample of at most
+    ``config.train_sample`` rows of ``train_vectors`` (default: ``vectors``), then
+    sets nprobe/efSearch from the config (or from the recall target); both are
+    saved with the index. ``total_vectors`` (the whole index) lets ``auto`` size
+    the index family for the whole and the IVF lists for this shard. An empty
+    shard gives an empty Flat index: there is nothing to train on. Training is
+    deterministic; HNSW graphs, built by several threads, may differ slightly.
+    """
+    x = as_matrix(vectors, "vectors")
+    n, dim = x.shape
+    metric = METRICS[config.metric]
+    if n == 0:
+        return faiss.IndexFlat(dim, metric)
+    train = x if train_vectors is None else as_matrix(train_vectors, "train_vectors")
+    if train.shape[1] != dim:
+        raise IndexBuildError(
+            f"train_vectors have dimension {train.shape[1]}, vectors {dim}; pass vectors of one encoder"
+        )
+    factory = config.resolve_factory(n, dim, total_vectors=total_vectors)
+    try:
+        index = faiss.index_factory(dim, factory, metric)
+    except RuntimeError as exc:
+        raise IndexBuildError(
+            f"FAISS does not understand the factory string {factory!r} ({_faiss_message(exc)}); "
+            "use e.g. Flat, HNSW32, IVF1024,SQ8, OPQ48,IVF1024,PQ48 or auto"
+        ) from exc
+    if not index.is_trained:
+        if len(train) > config.train_sample:
+            rows = np.random.default_rng(config.seed).choice(len(train), config.train_sample, replace=False)
+            train = train[np.sort(rows)]
+        try:
+            index.train(train)
+        except RuntimeError as exc:
+            raise IndexBuildError(
+                f"training {factory!r} on {len(train)} vectors failed ({_faiss_message(exc)}); "
+                "give more training vectors or choose fewer IVF lists / PQ centroids"
+            ) from exc
+    index.add(x)
+    defaults = search_params(index, config.recall_target)
+    set_search_params(
+        index, nprobe=config.nprobe or defaults.get("nprobe"), efSearch=config.ef_search or defaults["efSearch"]
+    )
+    return index
+
+
+def as_matrix(vectors: Any, name: str) -> np.ndarray:
+    """A C-contiguous float32 ``[n, d]`` array, or a clear error."""
+    x = np.asarray(vectors)
+    if x.ndim != 2 or x.shape[1] == 0 or not np.issubdtype(x.dtype, np.number):
+        raise IndexBuildError(f"{name} must be a numeric [n, d] array, got shape {x.shape} and dtype {x.dtype}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def serialize_index(index: faiss.Index) -> bytes:
+    return faiss.serialize_index(index).tobytes()
+
+
+def deserialize_index(data: bytes) -> faiss.Index:
+    return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _faiss_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[-1] if text else type(exc).__name__)[:200]
+
+
+# -- versions on a store -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardPayload:
+    """One shard to publish: its serialized index and its passages in row order."""
+
+    index_bytes: bytes
+    passages: pa.Table  # passage_id (+ title, text); row i is FAISS row i
+    meta: Mapping[str, Any] = field(default_factory=dict)  # recorded in the manifest (e.g. resolved factory)
+
+    @classmethod
+    def of(cls, shard: ShardPayload | Sequence[Any]) -> ShardPayload:
+        """Accept a ShardPayload or a tuple ``(index_bytes, passage_ids | table[, meta])``."""
+        if isinstance(shard, ShardPayload):
+            return shard
+        index_bytes, passages, *rest = shard
+        if not isinstance(passages, pa.Table):
+            passages = pa.table({"passage_id": pa.array([str(p) for p in passages], pa.string())})
+        return cls(bytes(index_bytes), passages, dict(rest[0]) if rest and rest[0] else {})
+
+
+def new_version_id(now: dt.datetime | None = None) -> str:
+    """``YYYYMMDDTHHMMSS.mmmZ-xxxxxxxx``: sorts by UTC creation time (to the millisecond); the hex keeps it unique."""
+    now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(4)}"
+
+
+def _check_name(version: str) -> str:
+    if not isinstance(version, str) or not _VERSION_NAME.match(version) or version == LATEST:
+        raise IndexVersionError(f"{version!r} is not an index version name (e.g. 20261130T114501.123Z-1a2b3c4d)")
+    return version
+
+
+def shard_names(shard: int) -> tuple[str, str]:
+    return f"shard-{shard:05d}.faiss", f"shard-{shard:05d}.ids.parquet"
+
+
+def write_shard(store: Store, version: str, shard: int, payload: ShardPayload | Sequence[Any]) -> dict[str, Any]:
+    """Write one shard's two files into an unpublished version; returns its manifest entry."""
+    payload = ShardPayload.of(payload)
+    root = store.child(INDEXES_DIR, _check_name(version))
+    if root.exists(MANIFEST):
+        raise IndexVersionError(f"{root.url}: version {version} is already published; versions are immutable")
+    table = payload.passages
+    if "passage_id" not in table.column_names:
+        raise IndexBuildError(f"shard {shard}: the passages table needs a passage_id column, has {table.column_names}")
+    table = pa.table({c: table.column(c).cast(pa.string()) for c in ("passage_id", "title", "text")
+                      if c in table.column_names})
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    ids_bytes = sink.getvalue()
+    index_name, ids_name = shard_names(shard)
+    root.write_bytes(payload.index_bytes, index_name)
+    root.write_bytes(ids_bytes, ids_name)
+    return {
+        "shard": shard, "url": index_name, "ids_url": ids_name, "count": table.num_rows,
+        "bytes": len(payload.index_bytes), "sha256": sha256_hex(payload.index_bytes),
+        "ids_sha256": sha256_hex(ids_bytes), "columns": table.column_names, "meta": dict(payload.meta),
+    }
+
+
+def publish_manifest(
+    store: Store, version: str, entries: Sequence[Mapping[str, Any]], manifest_fields: Mapping[str, Any],
+    *, now: dt.datetime | None = None,
+) -> str:
+    """Write ``manifest.json`` (making the version visible), then move LATEST to it.
+
+    ``manifest_fields`` must hold ``dim``, ``metric`` and ``factory``; anything
+    else (encoder fingerprint, dump and passages ids, gate results) is recorded
+    as given. Every shard file must already exist.
+    """
+    root = store.child(INDEXES_DIR, _check_name(version))
+    fields = dict(manifest_fields)
+    missing = [k for k in ("dim", "metric", "factory") if k not in fields]
+    if missing or fields.get("metric") not in METRICS or not isinstance(fields.get("dim"), int):
+        raise IndexVersionError(f"manifest_fields need dim (int), metric (ip|l2) and factory; got {sorted(fields)}")
+    if clash := [k for k in _RESERVED_FIELDS if k in fields]:
+        raise IndexVersionError(f"manifest_fields may not set {clash}: publishing fills them in")
+    shards = sorted((dict(e) for e in entries), key=lambda e: e["shard"])
+    if not shards or [e["shard"] for e in shards] != list(range(len(shards))):
+        raise IndexVersionError(f"{root.url}: shards must be numbered 0..n-1, got {[e['shard'] for e in shards]}")
+    for entry in shards:
+        for name in (entry["url"], entry["ids_url"]):
+            if not root.exists(name):
+                raise IndexVersionError(f"{root.url_of(name)}: shard file missing; write every shard before publishing")
+    created = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    manifest = {**fields, "format": MANIFEST_FORMAT, "version": version, "created_at": created.isoformat(),
+                "count": sum(int(e["count"]) for e in shards), "shards": shards}
+    root.write_json(manifest, MANIFEST)
+    move_latest(store, version)
+    return version
+
+
+def publish_version(
+    store: Store, shards: Sequence[ShardPayload | Sequence[Any]], manifest_fields: Mapping[str, Any],
+    *, now: dt.datetime | None = None,
+) -> str:
+    """Publish shards as a new version in one process: shard files, manifest last, then LATEST."""
+    version = new_version_id(now)
+    entries = [write_shard(store, version, i, shard) for i, shard in enumerate(shards)]
+    return publish_manifest(store, version, entries, manifest_fields, now=now)
+
+
+def move_latest(store: Store, version: str) -> None:
+    """Point LATEST at a published version (one atomic write)."""
+    indexes = store.child(INDEXES_DIR)
+    if not indexes.exists(_check_name(version), MANIFEST):
+        raise IndexVersionError(f"{indexes.url_of(version)}: no manifest; LATEST points at published versions only")
+    indexes.write_json({"version": version}, LATEST)
+
+
+def list_versions(store: Store) -> list[str]:
+    """Published versions (those with a manifest), oldest first."""
+    indexes = store.child(INDEXES_DIR)
+    names = [n for n in indexes.list() if _VERSION_NAME.match(n) and n != LATEST]
+    return [n for n in names if indexes.exists(n, MANIFEST)]
+
+
+def latest_version(store: Store) -> str | None:
+    """The version LATEST points at, or None when nothing was published."""
+    indexes = store.child(INDEXES_DIR)
+    if not indexes.exists(LATEST):
+        return None
+    pointer = indexes.read_json(LATEST)
+    if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
+        raise IndexVersionError(f"{indexes.url_of(LATEST)}: not a LATEST pointer; republish or delete it")
+    return pointer["version"]
+
+
+def read_manifest(store: Store, version: str | None = None) -> dict[str, Any]:
+    """A published version's manifest (LATEST's when ``version`` is None)."""
+    indexes = store.child(INDEXES_DIR)
+    if version is None:
+        version = latest_version(store)
+        if version is None:
+            raise IndexVersionError(f"{indexes.url}: no index has been published here (no LATEST); build one first")
+    if not indexes.exists(_check_name(version), MANIFEST):
+        available = ", ".join(list_versions(store)) or "none"
+        raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
+    manifest = indexes.read_json(version, MANIFEST)
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise IndexVersionError(f"{indexes.url_of(version, MANIFEST)}: manifest format {manifest.get('format')!r} "
+                                f"is not {MANIFEST_FORMAT}; upgrade wikirag or republish")
+    return manifest
+
+
+def delete_version(store: Store, version: str, *, force: bool = False) -> None:
+    """Delete a version (or an unpublished leftover). The one LATEST points at needs ``force``.
+
+    A forced delete of the latest first moves LATEST to the newest other
+    version (or removes LATEST when none is left), then removes the manifest
+    (the version vanishes at once), then the shard files.
+    """
+    indexes = store.child(INDEXES_DIR)
+    if not indexes.list(_check_name(version)):
+        available = ", ".join(list_versions(store)) or "none"
+        raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
+    if latest_version(store) == version:
+        if not force:
+            raise IndexVersionError(f"{indexes.url}: refusing to delete {version}: LATEST points at it; "
+                                    "publish another version first or force the delete")
+        others = [v for v in list_versions(store) if v != version]
+        if others:
+            move_latest(store, others[-1])
+        else:
+            indexes.remove(LATEST)
+    indexes.remove(version, MANIFEST)
+    indexes.remove(version)

@@ -1,0 +1,229 @@
+"""Search a published index version: every shard at once, merged to the global top-k.
+
+Scores are "higher is better" for both metrics, so that ranking, merging and
+``doc_scores`` downstream never depend on the metric: for ``ip`` a hit's score
+is the inner product; for ``l2`` it is minus the squared L2 distance that FAISS
+returns. Equal scores are ordered by shard, then by row: results are the same
+on every run and for any number of threads.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rag_core.errors import WikiragError
+from rag_core.faiss_index import (
+    INDEXES_DIR,
+    METRICS,
+    CorruptShardError,
+    deserialize_index,
+    read_manifest,
+    set_search_params,
+    sha256_hex,
+)
+from rag_core.storage import Store
+
+
+class QueryError(WikiragError):
+    """Query vectors that cannot be searched against this index."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    passage_id: str
+    title: str | None  # None when the index was published without titles
+    text: str | None
+    score: float  # higher is better: inner product, or minus the squared L2 distance
+    shard: int
+
+
+def check_dim(query_vectors: Any, dim: int) -> np.ndarray:
+    """Queries as C-contiguous float32 ``[q, dim]`` (one 1-D vector becomes ``[1, dim]``), or a clear error."""
+    x = np.asarray(query_vectors)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2 or not np.issubdtype(x.dtype, np.number):
+        raise QueryError(f"query vectors must be a numeric [q, {dim}] array, got shape {x.shape} and dtype {x.dtype}")
+    if x.shape[1] != dim:
+        raise QueryError(f"query vectors have dimension {x.shape[1]} but the index has dimension {dim}; "
+                         "encode the questions with the encoder the index was built for")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def merge_topk(
+    per_shard_scores: Sequence[np.ndarray],
+    per_shard_rows: Sequence[np.ndarray],
+    k: int,
+    larger_is_better: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The global top-k of per-shard results: ``(scores, shards, rows)``, each ``[q, k]``.
+
+    Shard ``s`` gives ``scores[s]`` and ``rows[s]``, both ``[q, k_s]``, with row -1
+    where it had fewer than ``k_s`` results (as FAISS returns). Ties go to the
+    lower shard, then the lower row. Where fewer than ``k`` results exist in all,
+    the tail has row -1, shard -1 and the worst score (-inf, or +inf for distances).
+    """
+    if k < 1:
+        raise QueryError(f"k must be at least 1, got {k}")
+    if len(per_shard_scores) != len(per_shard_rows) or not per_shard_scores:
+        raise QueryError("merge_topk needs one scores array and one rows array per shard, and at least one shard")
+    n_queries = per_shard_scores[0].shape[0]
+    for s, (d, r) in enumerate(zip(per_shard_scores, per_shard_rows)):
+        if d.shape != r.shape or d.ndim != 2 or d.shape[0] != n_queries:
+            raise QueryError(f"shard {s}: scores {d.shape} and rows {r.shape} must both be [{n_queries}, k_s]")
+    scores = np.concatenate([np.asarray(d, dtype=np.float64) for d in per_shard_scores], axis=1)  # [q, sum k_s]
+    rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in per_shard_rows], axis=1)  # [q, sum k_s]
+    shards = np.concatenate([np.full(r.shape, s, dtype=np.int64) for s, r in enumerate(per_shard_rows)], axis=1)
+    worst = -np.inf if larger_is_better else np.inf
+    missing = (rows < 0) | np.isnan(scores)
+    key = np.where(missing, np.inf, -scores if larger_is_better else scores)  # smaller key = better
+    order = np.lexsort((rows, shards, key), axis=1)[:, :k]  # [q, min(k, sum k_s)]
+    top_scores = np.take_along_axis(np.where(missing, worst, scores), order, axis=1)
+    top_rows = np.take_along_axis(np.where(missing, -1, rows), order, axis=1)
+    top_shards = np.take_along_axis(np.where(missing, -1, shards), order, axis=1)
+    if order.shape[1] < k:  # fewer candidates than k in all shards together
+        pad = k - order.shape[1]
+        top_scores = np.pad(top_scores, ((0, 0), (0, pad)), constant_values=worst)
+        top_rows = np.pad(top_rows, ((0, 0), (0, pad)), constant_values=-1)
+        top_shards = np.pad(top_shards, ((0, 0), (0, pad)), constant_values=-1)
+    return top_scores, top_shards, top_rows
+
+
+class ShardedIndex:
+    """The shards of one index version, searched together.
+
+    Row ``i`` of shard ``s`` is row ``i`` of ``passages[s]`` (passage_id, and
+    title/text when published). Shards are searched in a thread pool: FAISS
+    releases the GIL, so shards run in parallel.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[faiss.Index],
+        passages: Sequence[pa.Table],
+        *,
+        metric: str = "ip",
+        manifest: dict[str, Any] | None = None,
+        max_workers: int | None = None,
+    ) -> None:
+        if not shards or len(shards) != len(passages):
+            raise QueryError(f"need one passages table per shard, got {len(shards)} shards and {len(passages)} tables")
+        if metric not in METRICS:
+            raise QueryError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+        dims = {index.d for index in shards}
+        if len(dims) != 1:
+            raise QueryError(f"shards disagree on the dimension: {sorted(dims)}")
+        for s, (index, table) in enumerate(zip(shards, passages)):
+            if index.ntotal != table.num_rows:
+                raise QueryError(f"shard {s}: the index holds {index.ntotal} vectors but {table.num_rows} passages")
+        self.shards = list(shards)
+        self.metric = metric
+        self.manifest = manifest or {}
+        self.dim = dims.pop()
+        self.max_workers = max_workers
+        self._columns = [
+            {c: table.column(c).combine_chunks() for c in ("passage_id", "title", "text") if c in table.column_names}
+            for table in passages
+        ]
+
+    @classmethod
+    def load(cls, store: Store, version: str | None = None, *, max_workers: int | None = None) -> ShardedIndex:
+        """Load a published version (LATEST's when None), checking every file's sha256."""
+        manifest = read_manifest(store, version)
+        root = store.child(INDEXES_DIR, manifest["version"])
+
+        def fetch(entry: dict[str, Any]) -> tuple[faiss.Index, pa.Table]:
+            index_bytes = _read_checked(root, entry["url"], entry["sha256"])
+            table = pq.read_table(io.BytesIO(_read_checked(root, entry["ids_url"], entry["ids_sha256"])))
+            try:
+                index = deserialize_index(index_bytes)
+            except RuntimeError as exc:
+                raise CorruptShardError(f"{root.url_of(entry['url'])}: corrupt shard: FAISS cannot read it") from exc
+            if index.ntotal != entry["count"] or table.num_rows != entry["count"] or index.d != manifest["dim"]:
+                raise CorruptShardError(
+                    f"{root.url_of(entry['url'])}: corrupt shard: holds {index.ntotal} vectors of dimension {index.d} "
+                    f"and {table.num_rows} ids, the manifest says {entry['count']} of dimension {manifest['dim']}"
+                )
+            return index, table
+
+        with ThreadPoolExecutor(max_workers=max_workers or min(8, len(manifest["shards"]))) as pool:
+            loaded = list(pool.map(fetch, manifest["shards"]))
+        return cls([i for i, _ in loaded], [t for _, t in loaded], metric=manifest["metric"], manifest=manifest,
+                   max_workers=max_workers)
+
+    @property
+    def version(self) -> str | None:
+        return self.manifest.get("version")
+
+    @property
+    def ntotal(self) -> int:
+        return sum(index.ntotal for index in self.shards)
+
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Override the saved nprobe/efSearch on every shard that has them."""
+        for index in self.shards:
+            set_search_params(index, nprobe=nprobe, efSearch=ef_search)
+
+    def search_rows(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The merged top-k as arrays ``(scores, shards, rows)``, each ``[q, k]``; row -1 where none."""
+        x = check_dim(query_vectors, self.dim)
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise QueryError(f"k must be a positive integer, got {k!r}")
+        k = int(k)
+
+        def one(index: faiss.Index) -> tuple[np.ndarray, np.ndarray]:
+            if index.ntotal == 0:
+                return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
+            return index.search(x, min(k, index.ntotal))
+
+        workers = min(len(self.shards), self.max_workers or len(self.shards))
+        if workers <= 1:
+            results = [one(index) for index in self.shards]
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                results = list(pool.map(one, self.shards))
+        larger_is_better = self.metric == "ip"
+        scores, shards, rows = merge_topk([d for d, _ in results], [i for _, i in results], k, larger_is_better)
+        return (scores if larger_is_better else -scores), shards, rows
+
+    def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
+        """For each query, up to k hits, best first."""
+        scores, shards, rows = self.search_rows(query_vectors, k)
+        return [
+            [self._hit(int(s), int(r), float(score)) for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]
+            for q_scores, q_shards, q_rows in zip(scores, shards, rows)
+        ]
+
+    def _hit(self, shard: int, row: int, score: float) -> Hit:
+        columns = self._columns[shard]
+        title, text = columns.get("title"), columns.get("text")
+        return Hit(
+            passage_id=columns["passage_id"][row].as_py(),
+            title=None if title is None else title[row].as_py(),
+            text=None if text is None else text[row].as_py(),
+            score=score,
+            shard=shard,
+        )
+
+
+def _read_checked(root: Store, name: str, sha256: str) -> bytes:
+    try:
+        data = root.read_bytes(name)
+    except FileNotFoundError as exc:
+        message = f"{root.url_of(name)}: corrupt shard: the file is missing; republish the version"
+        raise CorruptShardError(message) from exc
+    if sha256_hex(data) != sha256:
+        raise CorruptShardError(
+            f"{root.url_of(name)}: corrupt shard: sha256 {sha256_hex(data)[:12]}... does not match the manifest's "
+            f"{sha256[:12]}...; republish the version or load another one"
+        )
+    return data

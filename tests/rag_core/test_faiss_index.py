@@ -1,0 +1,259 @@
+"""Building shard indexes (the auto rule, training, recall against exact search) and publishing versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import re
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rag_core.faiss_index import (
+    IndexBuildError,
+    IndexConfig,
+    IndexVersionError,
+    ShardPayload,
+    build_shard_index,
+    choose_factory,
+    delete_version,
+    deserialize_index,
+    ivf_lists,
+    latest_version,
+    list_versions,
+    new_version_id,
+    publish_version,
+    read_manifest,
+    serialize_index,
+    sha256_hex,
+    write_shard,
+)
+from rag_core.storage import Store
+
+FIELDS = {"dim": 64, "metric": "ip", "factory": "Flat", "encoder": {"name": "test"}, "gates": {"recall": 1.0}}
+
+
+def clustered_vectors(n: int, dim: int, *, seed: int = 0, clusters: int | None = None) -> np.ndarray:
+    """Unit vectors around random centres: like real embeddings, unlike uniform noise (STACK.md)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters or max(1, n // 100), dim))
+    x = centres[rng.integers(len(centres), size=n)] + 0.5 * rng.normal(size=(n, dim))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.astype(np.float32)
+
+
+def exact_topk(base: np.ndarray, queries: np.ndarray, k: int, metric: str = "ip") -> np.ndarray:
+    flat = faiss.IndexFlatIP(base.shape[1]) if metric == "ip" else faiss.IndexFlatL2(base.shape[1])
+    flat.add(base)
+    return flat.search(queries, k)[1]
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth)]))
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """20k base vectors and 200 held-out queries from the same clusters (64-d), with the exact top-10."""
+    x = clustered_vectors(20_200, 64, seed=1)
+    base, queries = x[:20_000], x[20_000:]
+    return base, queries, exact_topk(base, queries, 10)
+
+
+# -- the auto rule -------------------------------------------------------------
+
+
+def test_choose_factory_across_sizes_and_budgets() -> None:
+    assert choose_factory(5_000, 384) == "Flat"  # small: exact is as fast
+    assert choose_factory(200_000, 384) == "HNSW32"  # no budget: the paper's index
+    assert choose_factory(2_000_000, 384, recall_target=0.999) == "Flat"  # exactness asked for
+    n, d = 1_000_000, 384
+    assert choose_factory(n, d, n * (4 * d + 300)) == "HNSW32"
+    assert choose_factory(n, d, n * (4 * d + 100)) == "HNSW32_SQ8"  # Flat would fit, but n is large
+    assert choose_factory(n, d, n * 700) == "HNSW32_SQ8"
+    assert choose_factory(n, d, n * 450) == "IVF4096,SQ8"  # 4*sqrt(1M) = 4000 -> 4096 lists
+    assert choose_factory(n, d, n * 70) == "OPQ48,IVF4096,PQ48"
+    assert choose_factory(n, d, n * 25) == "OPQ8,IVF4096,PQ8"
+    assert choose_factory(n, 100, n * 40) == "OPQ24_120,IVF4096,PQ24"  # OPQ maps d=100 to a multiple of m
+    with pytest.raises(IndexBuildError, match="raise memory_budget_bytes"):
+        choose_factory(n, d, n * 8)
+    # the family follows the whole index; the IVF lists follow one shard and its training set
+    assert choose_factory(4_000_000, d, 4_000_000 * 450, shard_vectors=250_000) == "IVF2048,SQ8"
+    assert choose_factory(4_000_000, d, 4_000_000 * 450, shard_vectors=250_000, train_vectors=20_000) == "IVF512,SQ8"
+
+
+def test_ivf_lists_are_powers_of_two_with_enough_training_points() -> None:
+    assert ivf_lists(1_000_000) == 4096
+    assert ivf_lists(20_000) == 512
+    assert ivf_lists(20_000, 5_000) == 128  # at most 5000 / 39 lists
+    assert ivf_lists(10) == 1
+
+
+def test_resolve_factory_keeps_explicit_strings() -> None:
+    assert IndexConfig(factory="IVF64,Flat").resolve_factory(10**6, 64) == "IVF64,Flat"
+    assert IndexConfig().resolve_factory(20_000, 64) == "HNSW32"
+    assert IndexConfig().resolve_factory(5_000, 64, total_vectors=400_000) == "HNSW32"
+
+
+# -- building ------------------------------------------------------------------
+
+
+def test_flat_shard_is_exact(data) -> None:
+    base, queries, truth = data
+    index = build_shard_index(base[:5000], IndexConfig(factory="Flat"))
+    assert index.ntotal == 5000 and index.metric_type == faiss.METRIC_INNER_PRODUCT
+    assert np.array_equal(index.search(queries, 10)[1], exact_topk(base[:5000], queries, 10))
+    l2 = build_shard_index(base[:5000], IndexConfig(factory="Flat", metric="l2"))
+    assert l2.metric_type == faiss.METRIC_L2
+    assert np.array_equal(l2.search(queries, 10)[1], exact_topk(base[:5000], queries, 10, "l2"))
+
+
+def test_hnsw_and_auto_reach_the_recall_target(data) -> None:
+    base, queries, truth = data
+    config = IndexConfig()  # auto, no budget: HNSW32 at 20k vectors
+    assert config.resolve_factory(len(base), base.shape[1]) == "HNSW32"
+    index = build_shard_index(base, config)
+    assert index.ntotal == len(base)
+    assert faiss.downcast_index(index).hnsw.efSearch == 128  # from the 0.95 recall target
+    assert recall_at(index.search(queries, 10)[1], truth) >= 0.95
+    # a budget below HNSW32's 4d + 272 bytes/vector: the graph over 8-bit codes
+    squeezed = IndexConfig(memory_budget_bytes=len(base) * 400)
+    assert squeezed.resolve_factory(len(base), 64) == "HNSW32_SQ8"
+    assert recall_at(build_shard_index(base, squeezed).search(queries, 10)[1], truth) >= 0.95
+
+
+def test_ivf_training_uses_a_seeded_sample_and_sets_nprobe(data) -> None:
+    base, queries, truth = data
+    config = IndexConfig(memory_budget_bytes=len(base) * 100, train_sample=5_000, seed=3)
+    factory = config.resolve_factory(len(base), 64)
+    assert factory == "IVF128,SQ8"  # lists capped by 5000 training vectors / 39
+    index = build_shard_index(base, config)
+    assert faiss.extract_index_ivf(index).nprobe == 8  # max(8, 128 / 16)
+    assert recall_at(index.search(queries, 10)[1], truth) >= 0.9
+    again = build_shard_index(base, config)
+    assert serialize_index(again) == serialize_index(index)  # same sample, same centroids
+    wide = build_shard_index(base, config.model_copy(update={"nprobe": 64}))
+    assert faiss.extract_index_ivf(wide).nprobe == 64
+    assert recall_at(wide.search(queries, 10)[1], truth) >= 0.95
+
+
+def test_separate_training_vectors(data) -> None:
+    base, queries, _ = data
+    index = build_shard_index(base[:1000], IndexConfig(factory="IVF16,Flat"), train_vectors=base[1000:4000])
+    assert index.ntotal == 1000 and index.is_trained
+
+
+def test_bad_inputs_are_clear_errors(data) -> None:
+    base, _, _ = data
+    with pytest.raises(IndexBuildError, match="factory string 'NoSuchIndex'"):
+        build_shard_index(base[:100], IndexConfig(factory="NoSuchIndex"))
+    with pytest.raises(IndexBuildError, match=r"\[n, d\] array"):
+        build_shard_index(base[0], IndexConfig())
+    with pytest.raises(IndexBuildError, match="training 'IVF256,Flat' on 100 vectors failed"):
+        build_shard_index(base[:100], IndexConfig(factory="IVF256,Flat"))
+    with pytest.raises(IndexBuildError, match="dimension 32, vectors 64"):
+        build_shard_index(base[:100], IndexConfig(factory="IVF4,Flat"), train_vectors=base[:100, :32])
+
+
+def test_empty_shard_and_serialization_round_trip(data) -> None:
+    base, queries, _ = data
+    empty = build_shard_index(np.zeros((0, 64), np.float32), IndexConfig(factory="HNSW32"))
+    assert empty.ntotal == 0 and empty.d == 64
+    index = build_shard_index(base[:3000], IndexConfig(factory="HNSW32", ef_search=77))
+    data_bytes = serialize_index(index)
+    back = deserialize_index(data_bytes)
+    assert faiss.downcast_index(back).hnsw.efSearch == 77  # search params travel with the index
+    assert np.array_equal(back.search(queries, 5)[1], index.search(queries, 5)[1])
+    assert sha256_hex(data_bytes) == sha256_hex(serialize_index(back))
+
+
+# -- versions ------------------------------------------------------------------
+
+
+def _shards(base: np.ndarray, sizes: list[int]) -> list[ShardPayload]:
+    out, start = [], 0
+    for size in sizes:
+        index = build_shard_index(base[start:start + size], IndexConfig(factory="Flat"))
+        ids = [f"p{i}" for i in range(start, start + size)]
+        table = pa.table({"passage_id": ids, "title": [f"T{i}" for i in range(start, start + size)],
+                          "text": [f"text {i}" for i in range(start, start + size)]})
+        out.append(ShardPayload(serialize_index(index), table, {"factory": "Flat"}))
+        start += size
+    return out
+
+
+def test_version_ids_sort_by_time() -> None:
+    early = new_version_id(dt.datetime(2026, 11, 30, 11, 45, 1, 5_000, tzinfo=dt.timezone.utc))
+    later = new_version_id(dt.datetime(2026, 11, 30, 11, 45, 1, 17_000, tzinfo=dt.timezone.utc))
+    late = new_version_id(dt.datetime(2026, 12, 2, 0, 0, 0, tzinfo=dt.timezone.utc))
+    assert re.fullmatch(r"20261130T114501\.005Z-[0-9a-f]{8}", early) and early < later < late
+
+
+def test_publish_writes_files_manifest_and_latest(tmp_path: Path, data) -> None:
+    base, _, _ = data
+    store = Store(str(tmp_path / "store"))
+    assert list_versions(store) == [] and latest_version(store) is None
+    shards = _shards(base, [300, 200])
+    v1 = publish_version(store, shards, FIELDS)
+    assert list_versions(store) == [v1] and latest_version(store) == v1
+    manifest = read_manifest(store)
+    assert manifest["version"] == v1 and manifest["count"] == 500 and manifest["encoder"] == {"name": "test"}
+    assert manifest["dim"] == 64 and manifest["metric"] == "ip" and manifest["gates"] == {"recall": 1.0}
+    entry = manifest["shards"][1]
+    assert entry["url"] == "shard-00001.faiss" and entry["count"] == 200 and entry["meta"] == {"factory": "Flat"}
+    root = store.child("indexes", v1)
+    assert entry["sha256"] == sha256_hex(root.read_bytes(entry["url"])) == sha256_hex(shards[1].index_bytes)
+    ids = pq.read_table(io.BytesIO(root.read_bytes(entry["ids_url"])))
+    assert ids.column_names == ["passage_id", "title", "text"] and ids.column("passage_id")[0].as_py() == "p300"
+    # a second version moves LATEST; the first stays readable
+    v2 = publish_version(store, [(shards[0].index_bytes, [f"p{i}" for i in range(300)])], FIELDS)
+    assert list_versions(store) == [v1, v2] and latest_version(store) == v2
+    assert read_manifest(store, v1)["count"] == 500 and read_manifest(store)["shards"][0]["columns"] == ["passage_id"]
+
+
+def test_a_version_is_invisible_until_its_manifest_is_written(tmp_path: Path, data) -> None:
+    base, _, _ = data
+    store = Store(str(tmp_path))
+    v1 = publish_version(store, _shards(base, [100]), FIELDS)
+    half = new_version_id()
+    write_shard(store, half, 0, _shards(base, [50])[0])  # a publisher that died before its manifest
+    assert list_versions(store) == [v1] and latest_version(store) == v1
+    with pytest.raises(IndexVersionError, match=f"version {half} not found; available: {v1}"):
+        read_manifest(store, half)
+    delete_version(store, half)  # leftovers are removable
+    assert store.child("indexes").list() == [v1, "LATEST"]
+
+
+def test_publish_refuses_bad_manifests(tmp_path: Path, data) -> None:
+    base, _, _ = data
+    store = Store(str(tmp_path))
+    shards = _shards(base, [10])
+    with pytest.raises(IndexVersionError, match="need dim"):
+        publish_version(store, shards, {"dim": 64, "metric": "cosine", "factory": "Flat"})
+    with pytest.raises(IndexVersionError, match="may not set"):
+        publish_version(store, shards, {**FIELDS, "shards": []})
+    with pytest.raises(IndexVersionError, match="not an index version name"):
+        write_shard(store, "../escape", 0, shards[0])
+    assert latest_version(store) is None and list_versions(store) == []
+
+
+def test_delete_version(tmp_path: Path, data) -> None:
+    base, _, _ = data
+    store = Store(str(tmp_path))
+    v1 = publish_version(store, _shards(base, [10]), FIELDS)
+    v2 = publish_version(store, _shards(base, [20]), FIELDS)
+    with pytest.raises(IndexVersionError, match="LATEST points at it"):
+        delete_version(store, v2)
+    delete_version(store, v1)
+    assert list_versions(store) == [v2] and not store.exists("indexes", v1)
+    with pytest.raises(IndexVersionError, match=f"not found; available: {v2}"):
+        delete_version(store, v1)
+    v3 = publish_version(store, _shards(base, [30]), FIELDS)
+    delete_version(store, v3, force=True)  # LATEST falls back to the newest other version
+    assert latest_version(store) == v2
+    delete_version(store, v2, force=True)
+    assert latest_version(store) is None and list_versions(store) == []

@@ -1,0 +1,206 @@
+"""Sharded search: the merge against exact search, loading versions from local and S3 stores, bad input."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import rag_core.faiss_index as faiss_index
+from rag_core.faiss_index import (
+    CorruptShardError,
+    IndexConfig,
+    IndexVersionError,
+    ShardPayload,
+    build_shard_index,
+    delete_version,
+    latest_version,
+    list_versions,
+    publish_version,
+    serialize_index,
+)
+from rag_core.search import Hit, QueryError, ShardedIndex, check_dim, merge_topk
+from rag_core.storage import Store
+from tests.conftest import S3Server
+from tests.rag_core.test_faiss_index import clustered_vectors, exact_topk, recall_at
+
+DIM = 64
+SIZES = [700, 1300, 1000, 1000]  # four shards of unequal size
+
+
+@pytest.fixture(scope="module")
+def corpus() -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    x = clustered_vectors(4_000 + 50, DIM, seed=7, clusters=40)
+    ids = [f"passage-{i}" for i in range(4_000)]
+    table = pa.table({"passage_id": ids, "title": [f"Title {i}" for i in range(4_000)],
+                      "text": [f"Text of passage {i}." for i in range(4_000)]})
+    return x[:4_000], x[4_000:], table
+
+
+def _split(base: np.ndarray, table: pa.Table, config: IndexConfig) -> tuple[list[faiss.Index], list[pa.Table]]:
+    bounds = np.cumsum([0, *SIZES])
+    indexes = [build_shard_index(base[a:b], config) for a, b in zip(bounds[:-1], bounds[1:])]
+    return indexes, [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _publish(store: Store, base: np.ndarray, table: pa.Table, metric: str = "ip") -> str:
+    indexes, tables = _split(base, table, IndexConfig(factory="Flat", metric=metric))
+    shards = [ShardPayload(serialize_index(i), t) for i, t in zip(indexes, tables)]
+    return publish_version(store, shards, {"dim": DIM, "metric": metric, "factory": "Flat", "encoder": {"n": "t"}})
+
+
+# -- the merge -----------------------------------------------------------------
+
+
+def test_merge_topk_orders_ties_and_pads() -> None:
+    scores = [np.array([[0.9, 0.5]]), np.array([[0.9, 0.7]]), np.array([[0.8, -3e38]])]
+    rows = [np.array([[4, 1]]), np.array([[2, 0]]), np.array([[3, -1]])]  # shard 2 had one result
+    top, shards, got = merge_topk(scores, rows, 4)
+    assert shards.tolist() == [[0, 1, 2, 1]] and got.tolist() == [[4, 2, 3, 0]]
+    assert np.allclose(top, [[0.9, 0.9, 0.8, 0.7]])
+    top, shards, got = merge_topk(scores, rows, 7)  # more than the five real results
+    assert got.tolist() == [[4, 2, 3, 0, 1, -1, -1]] and shards[0, 5:].tolist() == [-1, -1]
+    assert np.isneginf(top[0, 5:]).all()
+    dist, shards, got = merge_topk([np.array([[1.0, 2.0]]), np.array([[1.0, 1.5]])],
+                                   [np.array([[5, 6]]), np.array([[7, 8]])], 3, larger_is_better=False)
+    assert got.tolist() == [[5, 7, 8]] and shards.tolist() == [[0, 1, 1]] and dist.tolist() == [[1.0, 1.0, 1.5]]
+    with pytest.raises(QueryError, match="k must be at least 1"):
+        merge_topk(scores, rows, 0)
+
+
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_flat_shards_merged_equal_one_flat_index(corpus, metric: str) -> None:
+    base, queries, table = corpus
+    sharded = ShardedIndex(*_split(base, table, IndexConfig(factory="Flat", metric=metric)), metric=metric)
+    single = faiss.IndexFlatIP(DIM) if metric == "ip" else faiss.IndexFlatL2(DIM)
+    single.add(base)
+    want_scores, want_rows = single.search(queries, 10)
+    scores, shards, rows = sharded.search_rows(queries, 10)
+    offsets = np.cumsum([0, *SIZES])[:-1]
+    assert np.array_equal(offsets[shards] + rows, want_rows)  # the same passages, in the same order
+    assert np.allclose(scores, want_scores if metric == "ip" else -want_scores, atol=1e-5)
+    hits = sharded.search(queries, 10)
+    assert [h.passage_id for h in hits[0]] == [f"passage-{i}" for i in want_rows[0]]
+    assert all(a.score >= b.score for q in hits for a, b in zip(q, q[1:]))  # higher is better for both metrics
+
+
+def test_sharded_hnsw_recall_and_ties(corpus) -> None:
+    base, queries, table = corpus
+    sharded = ShardedIndex(*_split(base, table, IndexConfig(factory="HNSW32")), max_workers=4)
+    truth = exact_topk(base, queries, 10)
+    _, shards, rows = sharded.search_rows(queries, 10)
+    assert recall_at(np.cumsum([0, *SIZES])[:-1][shards] + rows, truth) >= 0.95
+    sharded.set_search_params(ef_search=24)
+    assert {faiss.downcast_index(index).hnsw.efSearch for index in sharded.shards} == {24}
+    # the same vector in two shards: equal scores, the lower shard first, on every run
+    twin = ShardedIndex(*_split(np.concatenate([base[:700]] * 2 + [base[:2600]]), table, IndexConfig(factory="Flat")))
+    first = twin.search(base[:3], 2)
+    assert [[h.shard for h in q] for q in first] == [[0, 1]] * 3 and first == twin.search(base[:3], 2)
+
+
+def test_query_dimension_and_k_are_checked(corpus) -> None:
+    base, queries, table = corpus
+    sharded = ShardedIndex(*_split(base, table, IndexConfig(factory="Flat")))
+    with pytest.raises(QueryError, match="dimension 32 but the index has dimension 64"):
+        sharded.search(queries[:, :32], 5)
+    with pytest.raises(QueryError, match="positive integer"):
+        sharded.search(queries, 0)
+    assert check_dim(queries[0], DIM).shape == (1, DIM)  # one vector is one query
+    assert len(sharded.search(queries[0], 3)[0]) == 3
+
+
+# -- published versions ---------------------------------------------------------
+
+
+def _round_trip(store: Store, corpus) -> None:
+    base, queries, table = corpus
+    version = _publish(store, base, table)
+    loaded = ShardedIndex.load(store)
+    assert loaded.version == version and loaded.ntotal == 4_000 and loaded.dim == DIM
+    assert loaded.manifest["encoder"] == {"n": "t"}
+    in_memory = ShardedIndex(*_split(base, table, IndexConfig(factory="Flat")))
+    assert loaded.search(queries, 5) == in_memory.search(queries, 5)
+    hit = loaded.search(base[1234], 1)[0][0]
+    assert hit == Hit("passage-1234", "Title 1234", "Text of passage 1234.", hit.score, 1)
+    assert hit.score == pytest.approx(1.0, abs=1e-5)
+    assert ShardedIndex.load(store, version).version == version
+    newer = _publish(store, base[::-1].copy(), table)
+    delete_version(store, version)
+    assert list_versions(store) == [newer] and latest_version(store) == newer
+
+
+def test_publish_and_load_on_a_local_store(tmp_path: Path, corpus) -> None:
+    _round_trip(Store(str(tmp_path / "store")), corpus)
+
+
+def test_publish_and_load_on_s3(s3_server: S3Server, corpus) -> None:
+    _round_trip(Store(f"s3://{s3_server.bucket}/search-{uuid.uuid4().hex[:8]}", s3_server.options()), corpus)
+
+
+def test_ids_only_versions_have_no_titles(tmp_path: Path, corpus) -> None:
+    base, queries, _ = corpus
+    store = Store(str(tmp_path))
+    index = build_shard_index(base[:100], IndexConfig(factory="Flat", metric="l2"))
+    publish_version(store, [(serialize_index(index), [f"id{i}" for i in range(100)])],
+                    {"dim": DIM, "metric": "l2", "factory": "Flat"})
+    hit = ShardedIndex.load(store).search(base[7], 1)[0][0]
+    assert (hit.passage_id, hit.title, hit.text) == ("id7", None, None) and hit.score == pytest.approx(0.0, abs=1e-5)
+
+
+def test_a_failed_publish_leaves_the_previous_version_latest(tmp_path: Path, corpus, monkeypatch) -> None:
+    base, queries, table = corpus
+    store = Store(str(tmp_path))
+    v1 = _publish(store, base, table)
+    real_write_shard = faiss_index.write_shard
+
+    def dies_on_shard_2(store, version, shard, payload):
+        if shard == 2:
+            raise OSError("disk full")
+        return real_write_shard(store, version, shard, payload)
+
+    monkeypatch.setattr(faiss_index, "write_shard", dies_on_shard_2)
+    with pytest.raises(OSError, match="disk full"):
+        _publish(store, base, table)
+    assert latest_version(store) == v1 and list_versions(store) == [v1]
+    assert ShardedIndex.load(store).version == v1  # a reader during (or after) the failed rebuild sees v1
+    monkeypatch.setattr(faiss_index, "write_shard", real_write_shard)
+    monkeypatch.setattr(faiss_index, "move_latest", lambda *a: (_ for _ in ()).throw(OSError("crash")))
+    with pytest.raises(OSError, match="crash"):  # manifest written, LATEST not yet moved
+        _publish(store, base, table)
+    assert latest_version(store) == v1 and ShardedIndex.load(store).version == v1
+    assert len(list_versions(store)) == 2  # the new version is complete and loadable by name, just not LATEST
+
+
+def test_a_corrupt_shard_is_refused(tmp_path: Path, corpus) -> None:
+    base, _, table = corpus
+    store = Store(str(tmp_path))
+    version = _publish(store, base, table)
+    path = tmp_path / "indexes" / version / "shard-00002.faiss"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptShardError, match=r"shard-00002\.faiss: corrupt shard: sha256"):
+        ShardedIndex.load(store)
+    path.unlink()
+    with pytest.raises(CorruptShardError, match="corrupt shard: the file is missing"):
+        ShardedIndex.load(store, version)
+
+
+def test_missing_versions_are_clear_errors(tmp_path: Path, corpus) -> None:
+    base, _, table = corpus
+    store = Store(str(tmp_path))
+    with pytest.raises(IndexVersionError, match="no index has been published here"):
+        ShardedIndex.load(store)
+    v1 = _publish(store, base, table)
+    v2 = _publish(store, base, table)
+    absent = "20200101T000000.000Z-deadbeef"
+    with pytest.raises(IndexVersionError, match=f"version {absent} not found; available: {v1}, {v2}"):
+        ShardedIndex.load(store, absent)
+    delete_version(store, v1)
+    with pytest.raises(IndexVersionError, match=f"not found; available: {v2}$"):
+        ShardedIndex.load(store, v1)
+    assert ShardedIndex.load(store).version == v2
