@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
 from rag_core.dumps import DumpSource, iter_pages
@@ -55,3 +56,15 @@ def test_counts_that_do_not_add_up_fail() -> None:
     result = validate_counts(counts, distinct_pages=4, n_passages=9)
     assert not result.success
     assert {f.column for f in result.failures} == {"pages = redirects_other_articles", "chunked = pages_in_passages"}
+
+
+def test_an_article_in_two_parts_fails_the_cross_part_gate(sample_passages) -> None:
+    import numpy as np
+
+    from tasks.quality import validate_unique_pages
+
+    passages = sample_passages[0]
+    first = passages.filter(pc.equal(passages["chunk"], 0))["page_id"].to_numpy()
+    assert validate_unique_pages(first).success
+    result = validate_unique_pages(np.concatenate([first, first[:3]]))
+    assert not result.success and result.failures[0].unexpected == 6
