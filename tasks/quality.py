@@ -82,17 +82,31 @@ def _context() -> Any:
     return ctx
 
 
-def _validate(name: str, frame: pd.DataFrame, expectations: list[Any]) -> GateResult:
+_DEFINITIONS: dict[str, Any] = {}
+
+
+def _definition(name: str, expectations: list[Any]) -> Any:
+    """One GX validation definition per gate and settings, built once per process.
+
+    Building one per call would pile up data sources and suites in the context
+    (and the frames they saw) for every part of a large dump.
+    """
     import great_expectations as gx
 
-    ctx = _context()
-    # GX names must be unique per context; a process may run many gates.
-    uid = f"{name}-{id(frame)}-{len(ctx.suites.all())}"
-    batch = ctx.data_sources.add_pandas(uid).add_dataframe_asset(uid).add_batch_definition_whole_dataframe(uid)
-    suite = ctx.suites.add(gx.ExpectationSuite(name=uid))
-    for expectation in expectations:
-        suite.add_expectation(expectation)
-    definition = ctx.validation_definitions.add(gx.ValidationDefinition(name=uid, data=batch, suite=suite))
+    key = f"{name}-" + "-".join(sorted(repr(e.configuration.kwargs) for e in expectations))
+    uid = f"{name}-{len(_DEFINITIONS)}"
+    if key not in _DEFINITIONS:
+        ctx = _context()
+        batch = ctx.data_sources.add_pandas(uid).add_dataframe_asset(uid).add_batch_definition_whole_dataframe(uid)
+        suite = ctx.suites.add(gx.ExpectationSuite(name=uid))
+        for expectation in expectations:
+            suite.add_expectation(expectation)
+        _DEFINITIONS[key] = ctx.validation_definitions.add(gx.ValidationDefinition(name=uid, data=batch, suite=suite))
+    return _DEFINITIONS[key]
+
+
+def _validate(name: str, frame: pd.DataFrame, expectations: list[Any]) -> GateResult:
+    definition = _definition(name, expectations)
     outcome = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
     failures = []
     for res in outcome.results:
