@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from flows.settings import Settings, quiet_environment
 from rag_core.errors import WikiragError

@@ -54,10 +54,6 @@ class PageCounts:
     def __add__(self, other: PageCounts) -> PageCounts:
         return PageCounts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
-    @property
-    def skipped(self) -> int:
-        return self.other_namespace + self.empty + self.disambiguation
-
     def inconsistencies(self) -> list[str]:
         """Ways in which the counts do not add up (empty when they do)."""
         out = []

@@ -134,13 +134,6 @@ class Store:
                 return []
         return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
 
-    def open(self, *parts: str, mode: str = "rb") -> Any:
-        path = self.path_of(*parts)
-        if "w" in mode and is_local(self.url):
-            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        with translate_errors(self.url_of(*parts), "opening"):
-            return self.fs.open(path, mode)
-
     # -- writing -----------------------------------------------------------
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Write a whole object so that readers see all of it or nothing.

@@ -179,14 +179,6 @@ def validate_counts(counts: PageCounts, distinct_pages: int, n_passages: int) ->
     )
 
 
-def validate_unique_ids(ids: pa.Array | pa.ChunkedArray) -> GateResult:
-    """Passage ids unique across a whole table."""
-    import great_expectations.expectations as gxe
-
-    frame = pd.DataFrame({"passage_id": ids.to_pandas()})
-    return _validate("passage-ids", frame, [gxe.ExpectColumnValuesToBeUnique(column="passage_id")])
-
-
 def validate_unique_pages(first_chunk_page_ids: np.ndarray) -> GateResult:
     """Each article in exactly one part: the page ids of all first windows are unique."""
     import great_expectations.expectations as gxe

@@ -9,7 +9,7 @@ import pytest
 
 from rag_core.dumps import DumpSource, iter_pages
 from rag_core.passages import PageCounts, passages_from_pages
-from tasks.quality import report_markdown, validate_counts, validate_passages, validate_unique_ids
+from tasks.quality import report_markdown, validate_counts, validate_passages, validate_unique_pages
 from tests.conftest import SAMPLE_BZ2
 
 
@@ -22,7 +22,7 @@ def test_real_passages_pass(sample_passages) -> None:
     passages, _, counts = sample_passages
     assert validate_passages(passages, 100, 0.01).success
     assert validate_counts(counts, len(set(passages["page_id"].to_pylist())), passages.num_rows).success
-    assert validate_unique_ids(passages["passage_id"]).success
+    assert validate_unique_pages(passages.filter(pc.equal(passages["chunk"], 0))["page_id"].to_numpy()).success
 
 
 def test_broken_passages_fail_with_a_useful_report(sample_passages) -> None:
@@ -60,8 +60,6 @@ def test_counts_that_do_not_add_up_fail() -> None:
 
 def test_an_article_in_two_parts_fails_the_cross_part_gate(sample_passages) -> None:
     import numpy as np
-
-    from tasks.quality import validate_unique_pages
 
     passages = sample_passages[0]
     first = passages.filter(pc.equal(passages["chunk"], 0))["page_id"].to_numpy()
