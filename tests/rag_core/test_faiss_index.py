@@ -16,20 +16,22 @@ import pytest
 from rag_core.faiss_index import (
     IndexBuildError,
     IndexConfig,
-    IndexVersionError,
-    ShardPayload,
     build_shard_index,
     choose_factory,
-    delete_version,
     deserialize_index,
     ivf_lists,
+    serialize_index,
+    sha256_hex,
+)
+from rag_core.index_versions import (
+    IndexVersionError,
+    ShardPayload,
+    delete_version,
     latest_version,
     list_versions,
     new_version_id,
     publish_version,
     read_manifest,
-    serialize_index,
-    sha256_hex,
     write_shard,
 )
 from rag_core.storage import Store

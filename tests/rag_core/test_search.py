@@ -10,18 +10,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import rag_core.faiss_index as faiss_index
-from rag_core.faiss_index import (
+import rag_core.index_versions as index_versions
+from rag_core.faiss_index import IndexConfig, build_shard_index, serialize_index
+from rag_core.index_versions import (
     CorruptShardError,
-    IndexConfig,
     IndexVersionError,
     ShardPayload,
-    build_shard_index,
     delete_version,
     latest_version,
     list_versions,
     publish_version,
-    serialize_index,
 )
 from rag_core.search import Hit, QueryError, ShardedIndex, check_dim, merge_topk
 from rag_core.storage import Store
@@ -155,20 +153,20 @@ def test_a_failed_publish_leaves_the_previous_version_latest(tmp_path: Path, cor
     base, queries, table = corpus
     store = Store(str(tmp_path))
     v1 = _publish(store, base, table)
-    real_write_shard = faiss_index.write_shard
+    real_write_shard = index_versions.write_shard
 
     def dies_on_shard_2(store, version, shard, payload):
         if shard == 2:
             raise OSError("disk full")
         return real_write_shard(store, version, shard, payload)
 
-    monkeypatch.setattr(faiss_index, "write_shard", dies_on_shard_2)
+    monkeypatch.setattr(index_versions, "write_shard", dies_on_shard_2)
     with pytest.raises(OSError, match="disk full"):
         _publish(store, base, table)
     assert latest_version(store) == v1 and list_versions(store) == [v1]
     assert ShardedIndex.load(store).version == v1  # a reader during (or after) the failed rebuild sees v1
-    monkeypatch.setattr(faiss_index, "write_shard", real_write_shard)
-    monkeypatch.setattr(faiss_index, "move_latest", lambda *a: (_ for _ in ()).throw(OSError("crash")))
+    monkeypatch.setattr(index_versions, "write_shard", real_write_shard)
+    monkeypatch.setattr(index_versions, "move_latest", lambda *a: (_ for _ in ()).throw(OSError("crash")))
     with pytest.raises(OSError, match="crash"):  # manifest written, LATEST not yet moved
         _publish(store, base, table)
     assert latest_version(store) == v1 and ShardedIndex.load(store).version == v1
