@@ -146,6 +146,25 @@ def cmd_passages(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    """A persistent Prefect server for this workspace: commands then skip starting their own."""
+    from flows.prefect_api import start_workspace_server, stop_workspace_server, workspace_server
+
+    settings = _settings(args)
+    home = settings.prefect_home
+    if args.action == "start":
+        url = start_workspace_server(home, port=args.port)
+        log.info("Prefect server for %s at %s (UI at %s); stop it with `wikirag server stop`",
+                 settings.home, url, url.removesuffix("/api"))
+        print(url)
+    elif args.action == "stop":
+        log.info("stopped" if stop_workspace_server(home) else "no server was running for this workspace")
+    else:
+        url = workspace_server(home)
+        print(url or "not running")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wikirag",
@@ -181,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="WHAT")
     sample = data_sub.add_parser("sample", help="download and verify the real Wikipedia sample into <home>/data")
     sample.set_defaults(func=cmd_data_sample)
+
+    server = sub.add_parser("server", help="a persistent local Prefect server (and UI) for this workspace")
+    server.add_argument("action", choices=["start", "stop", "status"])
+    server.add_argument("--port", type=int, default=4200, help="port on 127.0.0.1 (default 4200; 0 picks a free one)")
+    server.set_defaults(func=cmd_server)
 
     passages = sub.add_parser("passages", help="list the published passage sets of a store")
     passages.add_argument("--store", help="store URL (default <home>/store)")

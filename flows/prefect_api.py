@@ -10,6 +10,7 @@ any worker is spawned.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -53,18 +54,12 @@ def _flush_to_api() -> None:
         EventsWorker.drain_all(timeout=5)
 
 
-@contextlib.contextmanager
-def prefect_api(prefect_home: Path, startup_timeout: float = 90.0) -> Iterator[str]:
-    """Yield an API URL; start (and afterwards stop) a local server when none is configured."""
-    configured = os.environ.get("PREFECT_API_URL")
-    if configured:
-        yield configured
-        return
+def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float) -> tuple[subprocess.Popen, str]:
+    """Start `prefect server start` on loopback in its own session; wait until it answers."""
     prefect_home.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false"}
+           "PREFECT_UI_ENABLED": "true" if ui else "false"}
     log_path = prefect_home / "server.log"
     with log_path.open("ab") as server_log:
         proc = subprocess.Popen(
@@ -72,27 +67,88 @@ def prefect_api(prefect_home: Path, startup_timeout: float = 90.0) -> Iterator[s
             env=env, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    deadline = time.monotonic() + startup_timeout
+    while not _healthy(url):
+        if proc.poll() is not None:
+            raise WikiragError(f"the local Prefect server exited (code {proc.returncode}); see {log_path}")
+        if time.monotonic() > deadline:
+            _stop(proc.pid)
+            raise WikiragError(f"the local Prefect server did not answer within {startup_timeout:.0f} s; see {log_path}")
+        time.sleep(0.3)
+    return proc, url
+
+
+def _stop(pid: int, timeout: float = 20.0) -> None:
+    """Stop a server we started: its whole process group, politely first."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _record(prefect_home: Path) -> Path:
+    return prefect_home / "server.json"
+
+
+def workspace_server(prefect_home: Path) -> str | None:
+    """URL of the workspace's persistent server (``wikirag server start``) when it is up."""
+    record = _record(prefect_home)
+    if not record.exists():
+        return None
+    info = json.loads(record.read_text())
+    return info["url"] if _healthy(info["url"]) else None
+
+
+def start_workspace_server(prefect_home: Path, port: int = 4200, startup_timeout: float = 90.0) -> str:
+    """Start a persistent server (with its UI) that later commands of this workspace reuse."""
+    running = workspace_server(prefect_home)
+    if running:
+        return running
+    proc, url = _launch(prefect_home, port or _free_port(), ui=True, startup_timeout=startup_timeout)
+    _record(prefect_home).write_text(json.dumps({"pid": proc.pid, "url": url}))
+    return url
+
+
+def stop_workspace_server(prefect_home: Path) -> bool:
+    """Stop the workspace's persistent server; False when none was recorded."""
+    record = _record(prefect_home)
+    if not record.exists():
+        return False
+    info = json.loads(record.read_text())
+    record.unlink()
+    if not _healthy(info["url"]):
+        return False  # gone already; its pid may belong to another process by now
+    _stop(info["pid"])
+    return True
+
+
+@contextlib.contextmanager
+def prefect_api(prefect_home: Path, startup_timeout: float = 90.0) -> Iterator[str]:
+    """Yield an API URL: the configured one, the workspace's server, or one started for this command."""
+    configured = os.environ.get("PREFECT_API_URL") or workspace_server(prefect_home)
+    if configured:
+        os.environ["PREFECT_API_URL"] = configured
+        yield configured
+        return
+    proc, url = _launch(prefect_home, _free_port(), ui=False, startup_timeout=startup_timeout)
     try:
-        deadline = time.monotonic() + startup_timeout
-        while not _healthy(url):
-            if proc.poll() is not None:
-                raise WikiragError(f"the local Prefect server exited (code {proc.returncode}); see {log_path}")
-            if time.monotonic() > deadline:
-                raise WikiragError(f"the local Prefect server did not answer within {startup_timeout:.0f} s; see {log_path}")
-            time.sleep(0.3)
         log.info("local Prefect server at %s (PREFECT_HOME=%s)", url, prefect_home)
         os.environ["PREFECT_API_URL"] = url
         os.environ["PREFECT_HOME"] = str(prefect_home)
         yield url
     finally:
         _flush_to_api()
-        os.environ.pop("PREFECT_API_URL", None) if os.environ.get("PREFECT_API_URL") == url else None
-        # Stop only what we started: the server's own process group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if os.environ.get("PREFECT_API_URL") == url:
+            del os.environ["PREFECT_API_URL"]
+        _stop(proc.pid)  # only what we started: the server's own process group
+        proc.wait()

@@ -149,3 +149,20 @@ def test_cli_help_lists_the_commands() -> None:
     assert proc.returncode == 0
     for command in ("run", "ingest", "data", "passages"):
         assert command in proc.stdout
+
+
+def test_workspace_server_is_reused_and_stopped(wiki: Path, home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["WIKIRAG_WORKERS"] = "1"
+    start = _cli("server", "start", "--port", "0", env=env)
+    assert start.returncode == 0, start.stderr
+    url = start.stdout.strip()
+    assert url.startswith("http://127.0.0.1:") and _cli("server", "status", env=env).stdout.strip() == url
+    try:
+        proc = _cli("ingest", str(MULTISTREAM), "--index", str(MULTISTREAM_INDEX), env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "local Prefect server at" not in proc.stderr  # reused, not started again
+        assert proc.stdout.strip().startswith(str(home / "store" / "passages"))
+    finally:
+        assert _cli("server", "stop", env=env).returncode == 0
+    assert _cli("server", "status", env=env).stdout.strip() == "not running"
