@@ -54,7 +54,16 @@ def _flush_to_api() -> None:
         EventsWorker.drain_all(timeout=5)
 
 
-def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float) -> tuple[subprocess.Popen, str]:
+def _die_with_parent() -> None:
+    # Linux: a command killed outright (SIGKILL) must not leave its server behind.
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
+            persistent: bool = False) -> tuple[subprocess.Popen, str]:
     """Start `prefect server start` on loopback in its own session; wait until it answers."""
     prefect_home.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}/api"
@@ -65,7 +74,7 @@ def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float) -> 
         proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             env=env, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=None if persistent else _die_with_parent,
         )
     deadline = time.monotonic() + startup_timeout
     while not _healthy(url):
@@ -114,7 +123,7 @@ def start_workspace_server(prefect_home: Path, port: int = 4200, startup_timeout
     running = workspace_server(prefect_home)
     if running:
         return running
-    proc, url = _launch(prefect_home, port or _free_port(), ui=True, startup_timeout=startup_timeout)
+    proc, url = _launch(prefect_home, port or _free_port(), ui=True, startup_timeout=startup_timeout, persistent=True)
     _record(prefect_home).write_text(json.dumps({"pid": proc.pid, "url": url}))
     return url
 
