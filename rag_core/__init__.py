@@ -12,9 +12,20 @@ from rag_core.passages import PASSAGE_SCHEMA, PageCounts, passages_from_pages
 from rag_core.storage import Store
 from rag_core.wikitext import clean_wikitext
 
-# The RAG math needs torch (seconds to import): load it on first use, so that
-# ingest workers, which never touch it, start fast.
-_LAZY = {"rag_sequence_nll": "rag_core.marginalize", "rag_token_nll": "rag_core.marginalize"}
+# torch, transformers and faiss take seconds to import: load the modules that
+# need them on first use, so that ingest workers, which never do, start fast.
+_LAZY = {
+    "rag_sequence_nll": "rag_core.marginalize",
+    "rag_token_nll": "rag_core.marginalize",
+    "Encoder": "rag_core.encoders",
+    "EncoderConfig": "rag_core.encoders",
+    "EmbedConfig": "rag_core.embeddings",
+    "embed_shard": "rag_core.embeddings",
+    "IndexConfig": "rag_core.faiss_index",
+    "build_shard_index": "rag_core.faiss_index",
+    "publish_version": "rag_core.index_versions",
+    "ShardedIndex": "rag_core.search",
+}
 
 
 def __getattr__(name: str):
@@ -26,6 +37,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    *_LAZY,
     "PASSAGE_SCHEMA",
     "DumpError",
     "DumpSource",
