@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +51,13 @@ class DumpSource:
     def name(self) -> str:
         return self.url.rstrip("/").rsplit("/", 1)[-1]
 
-    def open(self) -> Any:
+    def open(self, streaming: bool = False) -> Any:
+        """A binary file; ``streaming`` reads front to back without range requests (HTTP)."""
         with translate_errors(self.url, "reading"):
             try:
                 fs, path = url_to_fs(self.url, **dict(self.options))
+                if streaming and self.url.startswith(("http://", "https://")):
+                    return fs.open(path, "rb", block_size=0)
                 return fs.open(path, "rb")
             except FileNotFoundError as exc:
                 raise DumpError(f"{self.url}: no such file; check the path or URL") from exc
@@ -69,7 +73,15 @@ class DumpSource:
     def read_range(self, start: int, end: int) -> bytes:
         with translate_errors(self.url, "reading"):
             fs, path = url_to_fs(self.url, **dict(self.options))
-            return fs.cat_file(path, start=start, end=end)
+            try:
+                return fs.cat_file(path, start=start, end=end)
+            except ValueError as exc:
+                if "range requests" not in str(exc):
+                    raise
+                raise DumpError(
+                    f"{self.url}: the server does not support range requests, which an index needs; "
+                    "download the dump first, or ingest it without --index"
+                ) from exc
 
 
 def sniff_compression(head: bytes, name: str) -> str:
@@ -84,18 +96,18 @@ def sniff_compression(head: bytes, name: str) -> str:
 
 def iter_file_chunks(source: DumpSource) -> Iterator[bytes]:
     """Decompressed bytes of the whole file, chunk by chunk (bz2 streams are concatenated)."""
-    with source.open() as raw:
-        head = raw.read(8)
-        kind = sniff_compression(head, source.name)
-        raw.seek(0)
+    with source.open(streaming=True) as raw:
+        first = raw.read(CHUNK_BYTES)
+        kind = sniff_compression(first[:8], source.name)
+        # No seeking back: an HTTP stream cannot.
+        reads = itertools.chain([first], iter(lambda: raw.read(CHUNK_BYTES), b""))
         if kind == "xml":
-            while chunk := raw.read(CHUNK_BYTES):
-                yield chunk
+            yield from reads
             return
         decompressor = bz2.BZ2Decompressor()
         in_stream = False  # has the current decompressor been fed anything?
         offset = 0
-        while data := raw.read(CHUNK_BYTES):
+        for data in reads:
             offset += len(data)
             while data:
                 in_stream = True

@@ -68,7 +68,7 @@ def dump_digest(source: DumpSource, chunk_bytes: int = 8 << 20) -> tuple[str, in
     """(sha256 hex, size in bytes) of the raw dump file."""
     digest = hashlib.sha256()
     size = 0
-    with source.open() as f:
+    with source.open(streaming=True) as f:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
             size += len(chunk)

@@ -149,10 +149,9 @@ def iter_shard_pages(dump: DumpSource, shard: StreamShard) -> Iterator[Page]:
     """Pages of one shard, checking each stream against the index as it goes."""
     parser = PageParser(f"{dump.name} (bytes {shard.start:,}-{shard.end:,})", wrapped=True)
     with dump.open() as raw:
-        raw.seek(shard.start)
         for k, stream in enumerate(shard.streams):
             stream_end = shard.streams[k + 1].offset if k + 1 < len(shard.streams) else shard.end
-            data = _read_exact(raw, stream.offset, stream_end)
+            data = _read_exact(raw, stream.offset, stream_end, dump)
             if not data.startswith(BZ2_MAGIC):
                 raise DumpError(
                     f"{dump.name}: no bz2 stream starts at byte {stream.offset:,} as the index says; "
@@ -176,11 +175,22 @@ def iter_shard_pages(dump: DumpSource, shard: StreamShard) -> Iterator[Page]:
         raise DumpError(f"{dump.name}: pages after the last indexed stream of shard {shard.shard_id}")
 
 
-def _read_exact(raw, start: int, end: int) -> bytes:
-    raw.seek(start)
-    data = raw.read(end - start)
+def _read_exact(raw, start: int, end: int, dump: DumpSource) -> bytes:
+    try:
+        raw.seek(start)
+        data = raw.read(end - start)
+    except ValueError as exc:
+        if "range requests" not in str(exc):
+            raise
+        raise DumpError(
+            f"{dump.url}: the server does not support range requests, which an index needs; "
+            "download the dump first, or ingest it without --index"
+        ) from exc
     if len(data) != end - start:
-        raise DumpError(f"file ends at byte {start + len(data):,}, before byte {end:,} that the index implies")
+        raise DumpError(
+            f"{dump.name}: the file ends at byte {start + len(data):,}, before byte {end:,} that the index implies; "
+            "the dump is truncated or the index belongs to another dump"
+        )
     return data
 
 
