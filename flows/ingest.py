@@ -65,9 +65,9 @@ def ingest(config: IngestConfig, store: str | None = None) -> str:
     check_store(target)
     warm_gates()
     plan = plan_dump(config, dump, index)
+    url = target.url_of("passages", plan.dump_id)
     existing = already_published(target, plan)
     if existing is not None:
-        url = target.url_of("passages", plan.dump_id)
         summarize_ingest(plan, existing, url, reused=True)
         return url
 
@@ -81,6 +81,6 @@ def ingest(config: IngestConfig, store: str | None = None) -> str:
     gates = gate_passages(target, plan.dump_id, plan.layout, records, config)
     gate_markdown = enforce_gates(target, plan.dump_id, gates)
 
-    url = publish_passages(target, plan, records, gate_markdown, dump, index, config)
-    summarize_ingest(plan, already_published(target, plan), url, reused=False)
+    manifest = publish_passages(target, plan, records, gate_markdown, dump, index, config)
+    summarize_ingest(plan, manifest, url, reused=False)
     return url

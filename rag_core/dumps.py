@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import contextlib
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -71,17 +72,22 @@ class DumpSource:
                 raise DumpError(f"{self.url}: no such file; check the path or URL") from exc
 
     def read_range(self, start: int, end: int) -> bytes:
-        with translate_errors(self.url, "reading"):
+        with translate_errors(self.url, "reading"), self.ranged_reads():
             fs, path = url_to_fs(self.url, **dict(self.options))
-            try:
-                return fs.cat_file(path, start=start, end=end)
-            except ValueError as exc:
-                if "range requests" not in str(exc):
-                    raise
-                raise DumpError(
-                    f"{self.url}: the server does not support range requests, which an index needs; "
-                    "download the dump first, or ingest it without --index"
-                ) from exc
+            return fs.cat_file(path, start=start, end=end)
+
+    @contextlib.contextmanager
+    def ranged_reads(self) -> Iterator[None]:
+        """Byte-range reads; an HTTP server without Range support gets a clear error."""
+        try:
+            yield
+        except ValueError as exc:
+            if "range requests" not in str(exc):
+                raise
+            raise DumpError(
+                f"{self.url}: the server does not support range requests, which an index needs; "
+                "download the dump first, or ingest it without --index"
+            ) from exc
 
 
 def sniff_compression(head: bytes, name: str) -> str:

@@ -127,8 +127,8 @@ def published_manifest(store: Store, dump_id: str) -> dict[str, Any] | None:
     return root.read_json(MANIFEST) if root.exists(MANIFEST) else None
 
 
-def publish(store: Store, dump_id: str, layout: str, manifest: dict[str, Any]) -> str:
-    """Move the staged parts into place, then write the manifest; returns the set's URL.
+def publish(store: Store, dump_id: str, layout: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Move the staged parts into place, then write the manifest; returns the manifest written.
 
     A crash before the manifest leaves no visible set (readers look for the
     manifest), and the next run redoes only the move.
@@ -156,7 +156,7 @@ def publish(store: Store, dump_id: str, layout: str, manifest: dict[str, Any]) -
     }
     root.write_json(full, MANIFEST)
     store.remove(PASSAGES_DIR, STAGING_DIR, dump_id)
-    return root.url
+    return full
 
 
 def write_report(store: Store, dump_id: str, name: str, markdown: str) -> str:

@@ -176,16 +176,9 @@ def iter_shard_pages(dump: DumpSource, shard: StreamShard) -> Iterator[Page]:
 
 
 def _read_exact(raw, start: int, end: int, dump: DumpSource) -> bytes:
-    try:
+    with dump.ranged_reads():
         raw.seek(start)
         data = raw.read(end - start)
-    except ValueError as exc:
-        if "range requests" not in str(exc):
-            raise
-        raise DumpError(
-            f"{dump.url}: the server does not support range requests, which an index needs; "
-            "download the dump first, or ingest it without --index"
-        ) from exc
     if len(data) != end - start:
         raise DumpError(
             f"{dump.name}: the file ends at byte {start + len(data):,}, before byte {end:,} that the index implies; "

@@ -155,18 +155,17 @@ def _replace_links(text: str) -> str:
 
 def _inline(text: str) -> str:
     """Inline markup, over the whole text at once (one regex pass each, not one per line)."""
-    line = text
-    line = _EXTERNAL_LINK.sub(r"\1", line)
-    line = _BARE_URL.sub("", line)
-    line = _BOLD_ITALIC.sub("", line)
-    line = _MAGIC_WORD.sub("", line)
-    line = _BREAK_TAG.sub(" ", line)
-    line = _HTML_TAG.sub("", line)
-    line = html.unescape(line)
-    line = _HTML_TAG.sub("", line)  # tags that were escaped as &lt;...&gt;
-    line = _EMPTY_PARENS.sub("", line)
-    line = _MULTI_SPACE.sub(" ", _ODD_SPACES.sub(" ", line))
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", line)
+    text = _EXTERNAL_LINK.sub(r"\1", text)
+    text = _BARE_URL.sub("", text)
+    text = _BOLD_ITALIC.sub("", text)
+    text = _MAGIC_WORD.sub("", text)
+    text = _BREAK_TAG.sub(" ", text)
+    text = _HTML_TAG.sub("", text)
+    text = html.unescape(text)
+    text = _HTML_TAG.sub("", text)  # tags that were escaped as &lt;...&gt;
+    text = _EMPTY_PARENS.sub("", text)
+    text = _MULTI_SPACE.sub(" ", _ODD_SPACES.sub(" ", text))
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
 
 
 def clean_wikitext(wikitext: str) -> str:

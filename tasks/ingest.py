@@ -171,8 +171,8 @@ def total_counts(records: list[dict[str, Any]]) -> PageCounts:
 @io_task
 def publish_passages(
     store: Store, plan: DumpPlan, records: list[dict[str, Any]], gate_markdown: str, dump: DumpSource, index: DumpSource | None, config: IngestConfig
-) -> str:
-    """Move staged parts into place and write the manifest last; returns the set's URL."""
+) -> dict[str, Any]:
+    """Move staged parts into place and write the manifest last; returns the manifest."""
     manifest = {
         "dump": {"url": dump.url, "sha256": plan.sha256, "bytes": plan.size, "schema_version": plan.schema_version},
         "index": index.url if index else None,
