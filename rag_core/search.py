@@ -132,24 +132,8 @@ class ShardedIndex:
     def load(cls, store: Store, version: str | None = None, *, max_workers: int | None = None) -> ShardedIndex:
         """Load a published version (LATEST's when None), checking every file's sha256."""
         manifest = read_manifest(store, version)
-        root = store.child(INDEXES_DIR, manifest["version"])
-
-        def fetch(entry: dict[str, Any]) -> tuple[faiss.Index, pa.Table]:
-            index_bytes = _read_checked(root, entry["url"], entry["sha256"])
-            table = pq.read_table(io.BytesIO(_read_checked(root, entry["ids_url"], entry["ids_sha256"])))
-            try:
-                index = deserialize_index(index_bytes)
-            except RuntimeError as exc:
-                raise CorruptShardError(f"{root.url_of(entry['url'])}: corrupt shard: FAISS cannot read it") from exc
-            if index.ntotal != entry["count"] or table.num_rows != entry["count"] or index.d != manifest["dim"]:
-                raise CorruptShardError(
-                    f"{root.url_of(entry['url'])}: corrupt shard: holds {index.ntotal} vectors of dimension {index.d} "
-                    f"and {table.num_rows} ids, the manifest says {entry['count']} of dimension {manifest['dim']}"
-                )
-            return index, table
-
         with ThreadPoolExecutor(max_workers=max_workers or min(8, len(manifest["shards"]))) as pool:
-            loaded = list(pool.map(fetch, manifest["shards"]))
+            loaded = list(pool.map(lambda entry: load_shard(store, manifest, entry), manifest["shards"]))
         return cls([i for i, _ in loaded], [t for _, t in loaded], metric=manifest["metric"], manifest=manifest,
                    max_workers=max_workers)
 
@@ -206,6 +190,23 @@ class ShardedIndex:
             score=score,
             shard=shard,
         )
+
+
+def load_shard(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) -> tuple[faiss.Index, pa.Table]:
+    """One shard of a published version: its FAISS index and passages, both checked against the manifest."""
+    root = store.child(INDEXES_DIR, manifest["version"])
+    index_bytes = _read_checked(root, entry["url"], entry["sha256"])
+    table = pq.read_table(io.BytesIO(_read_checked(root, entry["ids_url"], entry["ids_sha256"])))
+    try:
+        index = deserialize_index(index_bytes)
+    except RuntimeError as exc:
+        raise CorruptShardError(f"{root.url_of(entry['url'])}: corrupt shard: FAISS cannot read it") from exc
+    if index.ntotal != entry["count"] or table.num_rows != entry["count"] or index.d != manifest["dim"]:
+        raise CorruptShardError(
+            f"{root.url_of(entry['url'])}: corrupt shard: holds {index.ntotal} vectors of dimension {index.d} "
+            f"and {table.num_rows} ids, the manifest says {entry['count']} of dimension {manifest['dim']}"
+        )
+    return index, table
 
 
 def _read_checked(root: Store, name: str, sha256: str) -> bytes:
