@@ -108,15 +108,108 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_index_rebuild(settings: Settings, ingest_kwargs: dict, embed_kwargs: dict, index_kwargs: dict) -> str:
+    from flows.prefect_api import prefect_api
+    from rag_core.embeddings import EmbedConfig
+    from rag_core.encoders import EncoderConfig
+    from rag_core.faiss_index import IndexConfig
+    from rag_core.ingest import IngestConfig
+
+    ingest_config = IngestConfig(**ingest_kwargs)
+    encoder = EncoderConfig(**embed_kwargs.pop("encoder", {}))
+    embed = EmbedConfig(encoder=encoder, **embed_kwargs)
+    index = IndexConfig(**index_kwargs)
+    log.info("rebuilding the index of %s in %s (encoder %s, factory %s)", ingest_config.dump, settings.store_url,
+             encoder.path or "all-MiniLM-L6-v2 (packaged)", index.factory)
+    with prefect_api(settings.prefect_home):
+        from flows.index_rebuild import index_rebuild
+        from flows.ingest import dask_runner
+
+        if not log.isEnabledFor(logging.DEBUG):
+            _quiet_expected_tracebacks()
+        runner = dask_runner(settings.dask_address, settings.workers)
+        version = index_rebuild.with_options(task_runner=runner)(
+            ingest_config=ingest_config, embed=embed, index=index, store=settings.store_url
+        )
+    _log_index(settings, version)
+    return version
+
+
+def _log_index(settings: Settings, version: str) -> None:
+    from rag_core.index_versions import read_manifest
+    from rag_core.storage import Store
+
+    manifest = read_manifest(Store(settings.store_url, settings.storage_options()), version)
+    recall = next((v for k, v in manifest["gates"].items() if k.startswith("recall:")), None)
+    log.info("published index %s: %s passages in %d shards, %s, recall@10 %s; LATEST points at it",
+             version, f"{manifest['count']:,}", len(manifest["shards"]), manifest["factory"],
+             "n/a" if recall is None else f"{recall:.3f}")
+
+
+def cmd_index_rebuild(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    encoder = {k: v for k, v in {"path": args.encoder, "question_path": args.question_encoder,
+                                 "dtype": args.encoder_dtype}.items() if v is not None}
+    index = {"factory": args.factory, "recall_target": args.recall_target}
+    if args.memory_budget_gb is not None:
+        index["memory_budget_bytes"] = int(args.memory_budget_gb * (1 << 30))
+    version = _run_index_rebuild(settings, {"dump": args.dump, "index": args.index},
+                                 {"encoder": encoder, "shards": args.shards}, index)
+    print(version)
+    return 0
+
+
+SAMPLE_QUESTION = "Who was the teacher of Alexander the Great?"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    """The main job on the embedded defaults: the real sample, end to end."""
+    """The main job on the embedded defaults: the real sample to a published index, then one search."""
     from flows.sample import fetch_sample
+    from flows.search import answer_questions, print_results
 
     settings = _settings(args)
     dump = fetch_sample(settings.home / "data")
-    url = _run_ingest(settings, {"dump": str(dump)})
-    log.info("done: passages of the Wikipedia sample are at %s", url)
-    print(url)
+    version = _run_index_rebuild(settings, {"dump": str(dump)}, {}, {})
+    results = answer_questions(settings, [SAMPLE_QUESTION], version=version, k=3)
+    print_results(results, as_json=False)
+    log.info("done: index %s of the Wikipedia sample is LATEST in %s; try `wikirag search \"your question\"`",
+             version, settings.store_url)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from flows.search import answer_questions, print_results, read_questions
+
+    settings = _settings(args)
+    questions = read_questions(args.questions, args.question)
+    results = answer_questions(settings, questions, version=args.version, k=args.k, encoder_path=args.encoder,
+                               question_encoder_path=args.question_encoder)
+    print_results(results, as_json=args.json)
+    return 0
+
+
+def cmd_indexes(args: argparse.Namespace) -> int:
+    """List published index versions, or delete one."""
+    from rag_core.index_versions import delete_version, latest_version, list_versions, read_manifest
+    from rag_core.storage import Store
+
+    settings = _settings(args)
+    store = Store(settings.store_url, settings.storage_options())
+    if args.action == "delete":
+        if not args.version:
+            raise WikiragError("wikirag indexes delete: give the VERSION to delete (see `wikirag indexes list`)")
+        delete_version(store, args.version, force=args.force)
+        log.info("deleted index version %s; LATEST is %s", args.version, latest_version(store) or "unset")
+        return 0
+    latest = latest_version(store)
+    versions = list_versions(store)
+    if not versions:
+        log.info("no published index under %s", store.url_of("indexes"))
+    for version in versions:
+        m = read_manifest(store, version)
+        mark = "*" if version == latest else " "
+        print(f"{mark} {version}\t{m['count']:>10,} passages\t{len(m['shards'])} shards\t{m['factory']}\t"
+              f"{m['encoder']['name']} ({m['fingerprint_id']})\t{m['dump_id']}")
     return 0
 
 
@@ -196,6 +289,41 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--max-residue-rate", type=float, default=0.01,
                         help="gate: largest share of passages that may keep wiki markup (default 0.01)")
     ingest.set_defaults(func=cmd_ingest)
+
+    rebuild = sub.add_parser("index-rebuild", help="a dump to a published index version: ingest, embed, index, "
+                             "gate, publish (prints the version)")
+    rebuild.add_argument("dump", help="dump path or URL (.xml, .xml.bz2, multistream .xml.bz2; file://, s3://, https://)")
+    rebuild.add_argument("--index", help="multistream index of the dump (parallel parsing)")
+    with_engine(rebuild)
+    rebuild.add_argument("--encoder", help="local encoder directory (DPR context encoder or a sentence encoder; "
+                         "default: the packaged all-MiniLM-L6-v2)")
+    rebuild.add_argument("--question-encoder", help="DPR question encoder directory (with a DPR --encoder)")
+    rebuild.add_argument("--encoder-dtype", choices=["float32", "bfloat16"],
+                         help="weights dtype (default bfloat16; use float32 on CPUs without AMX/AVX512-BF16)")
+    rebuild.add_argument("--factory", default="auto", help="FAISS factory: Flat, HNSW32, IVF4096,PQ48, "
+                         "OPQ48,IVF4096,PQ48, or auto (default: chosen from size, memory budget and recall target)")
+    rebuild.add_argument("--shards", type=int, default=0, help="index shards (default: one per 20,000 passages, at least 4)")
+    rebuild.add_argument("--recall-target", type=float, default=0.95, help="gate: held-out recall@10 (default 0.95)")
+    rebuild.add_argument("--memory-budget-gb", type=float, help="auto: RAM the whole index may take (default: no limit)")
+    rebuild.set_defaults(func=cmd_index_rebuild)
+
+    search = sub.add_parser("search", help="top-k passages for questions from a published index version")
+    search.add_argument("question", nargs="*", help="questions, one per argument")
+    search.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
+    search.add_argument("--store", help="store URL (default <home>/store)")
+    search.add_argument("--version", help="index version (default: LATEST)")
+    search.add_argument("-k", type=int, default=5, help="passages per question (default 5)")
+    search.add_argument("--json", action="store_true", help="one JSON line per question, in input order")
+    search.add_argument("--encoder", help="query encoder directory (default: the one recorded in the index)")
+    search.add_argument("--question-encoder", help="DPR question encoder directory (default: recorded in the index)")
+    search.set_defaults(func=cmd_search)
+
+    indexes = sub.add_parser("indexes", help="list index versions (* = LATEST) or delete one")
+    indexes.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
+    indexes.add_argument("version", nargs="?", help="the version to delete")
+    indexes.add_argument("--force", action="store_true", help="delete even the LATEST version (LATEST moves back)")
+    indexes.add_argument("--store", help="store URL (default <home>/store)")
+    indexes.set_defaults(func=cmd_indexes)
 
     data = sub.add_parser("data", help="sample data")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="WHAT")

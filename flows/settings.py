@@ -25,6 +25,9 @@ QUIET_ENVIRONMENT = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "GX_ANALYTICS_ENABLED": "false",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    # A bar per model load from every worker says nothing; shards log their own progress.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     # Dask's per-connection INFO lines drown the run's own; warnings still show.
     "DASK_LOGGING__DISTRIBUTED": "warning",
 }

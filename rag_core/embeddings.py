@@ -64,10 +64,15 @@ class EmbedConfig(BaseModel):
     encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="which encoder, how to run it")
     shards: int = Field(0, ge=0, description="passage shards; 0 = one per passages_per_shard")
     passages_per_shard: int = Field(20_000, ge=1, description="shard size when shards is 0")
-    reuse_from: str | None = Field(None, description="an earlier dump_id whose embeddings may be reused")
+    min_shards: int = Field(4, ge=1, description="when shards is 0: at least this many (every worker gets work)")
+    reuse_from: str | None = Field(None, description="an earlier dump_id whose embeddings may be reused; "
+                                   "None = the dump behind the current LATEST index, when the encoder matches")
 
     def num_shards(self, n_passages: int) -> int:
-        return self.shards or max(1, math.ceil(n_passages / self.passages_per_shard))
+        """Shards for ``n_passages``: the configured count, else one per passages_per_shard, at least min_shards."""
+        if self.shards:
+            return self.shards
+        return max(1, min(self.min_shards, n_passages), math.ceil(n_passages / self.passages_per_shard))
 
 
 # -- sharding and hashing ------------------------------------------------------
@@ -145,6 +150,13 @@ def read_shard(store: Store, fingerprint_id: str, dump_id: str, shard_id: int) -
         raise StoreError(f"{root.url_of(_name(shard_id, 'json'))}: {len(passage_ids)} ids and vectors "
                          f"{vectors.shape} for n={record['n']}; delete the shard's files and rerun the embedding")
     return passage_ids, vectors
+
+
+def vector_stats(vectors: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-vector facts a quality gate checks: L2 norm (NaN where any value is not finite) and finiteness."""
+    finite = np.isfinite(vectors).all(axis=1) if vectors.size else np.ones(len(vectors), dtype=bool)
+    norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1) if vectors.size else np.zeros(len(vectors))
+    return {"norm": np.where(finite, norms, np.nan), "finite": finite}
 
 
 # -- reuse -------------------------------------------------------------------------

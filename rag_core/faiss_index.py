@@ -212,6 +212,37 @@ def build_shard_index(
     return index
 
 
+def heldout_recall(index: faiss.Index, vectors: np.ndarray, query_rows: np.ndarray, k: int = 10,
+                   metric: str = "ip") -> np.ndarray:
+    """recall@k of ``index`` against exact search, one value per query row (float64 ``[len(query_rows)]``).
+
+    The queries are the vectors at ``query_rows`` of the shard itself, each held
+    out of its own results: the query's own row is dropped from both the exact
+    and the approximate lists, so a passage finding itself earns nothing. A
+    returned row counts when its exact score is at least the exact k-th best
+    (ties at the boundary are as good as the row they tie with).
+    """
+    x = as_matrix(vectors, "vectors")
+    rows = np.asarray(query_rows, dtype=np.int64)
+    n = len(x)
+    k = min(k, n - 1)
+    if k < 1 or not len(rows):
+        return np.ones(len(rows))
+    queries = x[rows]  # [q, d]
+    exact = faiss.IndexFlat(x.shape[1], METRICS[metric])
+    exact.add(x)
+    exact_scores, exact_rows = exact.search(queries, k + 1)  # [q, k+1]
+    _, found = index.search(queries, k + 1)  # [q, k+1]
+    sign = 1.0 if metric == "ip" else -1.0  # larger is better for both
+    recall = np.empty(len(rows))
+    for q, row in enumerate(rows):
+        truth = exact_scores[q][exact_rows[q] != row][:k] * sign  # [k] best first
+        got = [r for r in found[q] if r >= 0 and r != row][:k]
+        scores = (x[got] @ queries[q] if metric == "ip" else -((x[got] - queries[q]) ** 2).sum(1)) if got else []
+        recall[q] = np.sum(np.asarray(scores) >= truth[-1] - 1e-6 * max(1.0, abs(truth[-1]))) / k
+    return recall
+
+
 def as_matrix(vectors: Any, name: str) -> np.ndarray:
     """A C-contiguous float32 ``[n, d]`` array, or a clear error."""
     x = np.asarray(vectors)

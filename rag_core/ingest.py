@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from rag_core.dumps import DumpSource
 from rag_core.errors import StoreError
-from rag_core.passages import PageCounts
+from rag_core.passages import PASSAGE_SCHEMA, PageCounts
 from rag_core.storage import Store
 from rag_core.wikitext import CLEANER_VERSION
 
@@ -174,6 +174,25 @@ def read_passages(store: Store, dump_id: str, columns: list[str] | None = None) 
     root = store.child(PASSAGES_DIR, dump_id)
     tables = [pq.read_table(io.BytesIO(root.read_bytes(p["path"])), columns=columns) for p in manifest["parts"]]
     return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def read_passage_rows(store: Store, dump_id: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
+    """Rows ``[start, stop)`` of the published passage set, reading only the parts that hold them."""
+    manifest = published_manifest(store, dump_id)
+    if manifest is None:
+        raise StoreError(f"{store.url_of(PASSAGES_DIR, dump_id)}: no published passages (no manifest.json); run ingest")
+    root = store.child(PASSAGES_DIR, dump_id)
+    tables, first = [], 0
+    for part in manifest["parts"]:
+        last = first + part["rows"]
+        if last > start and first < stop:
+            table = pq.read_table(io.BytesIO(root.read_bytes(part["path"])), columns=columns)
+            tables.append(table.slice(max(start - first, 0), min(stop, last) - max(start, first)))
+        first = last
+    if not tables:
+        empty = PASSAGE_SCHEMA.empty_table()
+        return empty.select(columns) if columns else empty
+    return pa.concat_tables(tables)
 
 
 def read_staged_table(

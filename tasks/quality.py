@@ -39,6 +39,7 @@ class Failure:
     unexpected: int
     total: int
     examples: list[str] = field(default_factory=list)
+    observed: Any = None  # aggregate expectations (a mean, a row count) report the value they saw
 
 
 @dataclass
@@ -48,19 +49,22 @@ class GateResult:
     checked: int  # expectations evaluated
     rows: int
     failures: list[Failure] = field(default_factory=list)
+    observed: dict[str, Any] = field(default_factory=dict)  # "expectation(column)" -> aggregate value seen
 
     def markdown(self) -> str:
         head = f"### Gate `{self.name}`: {'passed' if self.success else 'FAILED'} ({self.checked} expectations, {self.rows:,} rows)"
+        seen = "".join(f"\n- {key}: observed {_md_cell(value)}" for key, value in self.observed.items())
         if self.success:
-            return head + "\n"
+            return head + "\n" + seen + ("\n" if seen else "")
         lines = [head, "", "| expectation | column | failing rows | examples |", "|---|---|---|---|"]
         for f in self.failures:
             examples = "; ".join(_md_cell(e) for e in f.examples[:3]) or "-"
             lines.append(f"| {f.expectation} | {f.column} | {f.unexpected:,} of {f.total:,} | {examples} |")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + seen + ("\n" if seen else "")
 
     def summary(self) -> str:
-        parts = [f"{f.expectation}({f.column}): {f.unexpected:,} rows" for f in self.failures]
+        parts = [f"{f.expectation}({f.column}): " + (f"observed {f.observed}" if f.observed is not None
+                                                       else f"{f.unexpected:,} rows") for f in self.failures]
         return f"gate {self.name} failed: " + ", ".join(parts)
 
 
@@ -108,14 +112,16 @@ def _definition(name: str, expectations: list[Any]) -> Any:
 def _validate(name: str, frame: pd.DataFrame, expectations: list[Any]) -> GateResult:
     definition = _definition(name, expectations)
     outcome = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
-    failures = []
+    failures, observed = [], {}
     for res in outcome.results:
-        if res.success:
-            continue
         config = res.expectation_config
         kwargs = config.kwargs
         detail = res.result or {}
         column = kwargs.get("column") or f"{kwargs.get('column_A')} = {kwargs.get('column_B')}"
+        if "observed_value" in detail:
+            observed[f"{config.type}({column})"] = detail["observed_value"]
+        if res.success:
+            continue
         failures.append(
             Failure(
                 expectation=config.type,
@@ -123,9 +129,10 @@ def _validate(name: str, frame: pd.DataFrame, expectations: list[Any]) -> GateRe
                 unexpected=int(detail.get("unexpected_count") or 0),
                 total=int(detail.get("element_count") or len(frame)),
                 examples=[str(v) for v in (detail.get("partial_unexpected_list") or [])[:5]],
+                observed=detail.get("observed_value"),
             )
         )
-    return GateResult(name, bool(outcome.success), len(outcome.results), len(frame), failures)
+    return GateResult(name, bool(outcome.success), len(outcome.results), len(frame), failures, observed)
 
 
 def passage_expectations(words_per_passage: int, max_residue_rate: float) -> list[Any]:
@@ -220,11 +227,13 @@ def combine(results: list[GateResult]) -> list[GateResult]:
     for r in results:
         m = merged.setdefault(r.name, GateResult(r.name, True, r.checked, 0))
         m.rows += r.rows
+        if sum(x.name == r.name for x in results) == 1:
+            m.observed.update(r.observed)  # aggregates of one part only: summing them over parts means nothing
         m.success = m.success and r.success
         for f in r.failures:
             same = next((x for x in m.failures if (x.expectation, x.column) == (f.expectation, f.column)), None)
             if same is None:
-                m.failures.append(Failure(f.expectation, f.column, f.unexpected, f.total, list(f.examples)))
+                m.failures.append(Failure(f.expectation, f.column, f.unexpected, f.total, list(f.examples), f.observed))
             else:
                 same.unexpected += f.unexpected
                 same.total += f.total

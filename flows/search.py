@@ -1,0 +1,81 @@
+"""Questions to passages from a published index version: a pure query, no flow run.
+
+The query encoder defaults to the one the index manifest records; any other
+must match the index's fingerprint (same weights, pooling and normalisation),
+or the search stops with a clear error rather than returning nonsense.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from flows.settings import Settings
+from rag_core.errors import WikiragError
+
+
+def read_questions(path: str | None, questions: list[str]) -> list[str]:
+    """Questions from the arguments, then one per non-blank line of ``path`` ('-' is stdin)."""
+    found = [q.strip() for q in questions if q.strip()]
+    if path:
+        try:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WikiragError(f"{path}: cannot read the questions file ({exc.__class__.__name__}: {exc}); "
+                               "give a UTF-8 text file with one question per line") from exc
+        found += [line.strip() for line in text.splitlines() if line.strip()]
+    if not found:
+        raise WikiragError("no questions: give them as arguments or one per line in --questions FILE")
+    return found
+
+
+def query_encoder_config(manifest: dict[str, Any], encoder_path: str | None, question_path: str | None) -> Any:
+    """The encoder to embed questions with: the flags', else the one recorded in the manifest."""
+    from rag_core.encoders import EncoderConfig, EncoderError
+
+    if encoder_path:
+        return EncoderConfig(path=encoder_path, question_path=question_path)
+    recorded = EncoderConfig(**manifest.get("encoder_config", {}))
+    for name in ("path", "question_path"):
+        value = getattr(recorded, name)
+        if value and not Path(value).expanduser().is_dir():
+            raise EncoderError(f"index {manifest['version']} was built with the encoder at {value}, which is not on "
+                               "this machine; pass --encoder DIR (and --question-encoder DIR for DPR)")
+    return recorded
+
+
+def answer_questions(settings: Settings, questions: list[str], *, version: str | None = None, k: int = 5,
+                     encoder_path: str | None = None, question_encoder_path: str | None = None) -> list[dict]:
+    """For each question, in order: ``{"question", "results": [{passage_id, title, text, score}, ...]}``."""
+    from rag_core.encoders import Encoder, check_compatible
+    from rag_core.search import ShardedIndex
+    from rag_core.storage import Store
+
+    if k < 1:
+        raise WikiragError(f"-k must be at least 1, got {k}")
+    store = Store(settings.store_url, settings.storage_options())
+    index = ShardedIndex.load(store, version)
+    encoder = Encoder.load(query_encoder_config(index.manifest, encoder_path, question_encoder_path))
+    check_compatible(index.manifest["encoder"], encoder.fingerprint)
+    hits = index.search(encoder.encode_questions(questions), k)
+    return [
+        {"question": q, "results": [{"passage_id": h.passage_id, "title": h.title, "text": h.text,
+                                     "score": round(h.score, 6)} for h in found]}
+        for q, found in zip(questions, hits)
+    ]
+
+
+def print_results(results: list[dict], *, as_json: bool) -> None:
+    """JSON lines, or a readable list: the question, then each passage's score, title and opening words."""
+    for item in results:
+        if as_json:
+            print(json.dumps(item, ensure_ascii=False))
+            continue
+        print(f"Q: {item['question']}")
+        for rank, hit in enumerate(item["results"], 1):
+            snippet = textwrap.shorten(hit["text"] or "", width=160, placeholder=" ...")
+            print(f"  {rank}. [{hit['score']:.3f}] {hit['title']}: {snippet}")
+        print()

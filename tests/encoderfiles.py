@@ -1,0 +1,28 @@
+"""Tiny real transformers encoders saved to disk, for runs where the pretrained MiniLM would be slow."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def save_tiny_bert(directory: Path, *, seed: int = 0, broken: bool = False) -> Path:
+    """A 2-layer, 32-wide random BERT with MiniLM's vocabulary; ``broken`` puts NaN in its weights."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from rag_core.encoders import packaged_model_path
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    model = BertModel(config).eval()
+    if broken:  # what a bad conversion or a diverged checkpoint leaves behind
+        with torch.no_grad():
+            model.encoder.layer[1].output.dense.weight[0, 0] = float("nan")
+    model.save_pretrained(directory)
+    for name in TOKENIZER_FILES:  # the MiniLM (BERT uncased) vocabulary: no hub needed
+        shutil.copy(packaged_model_path() / name, directory / name)
+    return directory

@@ -1,0 +1,300 @@
+"""Real runs of the index_rebuild flow: Prefect server, a 2-worker Dask cluster, FAISS, GX, real encoders."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.index_rebuild import index_rebuild
+from flows.ingest import dask_runner
+from flows.sample import SAMPLE_NAME
+from rag_core.dumps import DumpSource, iter_pages
+from rag_core.embeddings import EmbedConfig, done_shards, embeddings_store, read_shard
+from rag_core.encoders import Encoder, EncoderConfig
+from rag_core.errors import GateError
+from rag_core.faiss_index import IndexConfig
+from rag_core.index_versions import latest_version, list_versions, read_manifest
+from rag_core.ingest import IngestConfig, read_passages
+from rag_core.search import ShardedIndex
+from rag_core.storage import Store
+from tests.conftest import SAMPLE_BZ2, S3Server
+from tests.dumpfiles import page_xml, write_multistream
+from tests.encoderfiles import save_tiny_bert
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["What is anarchism?", "Who was the teacher of Alexander the Great?", "What is the capital of Alabama?"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """One Dask cluster for the module's flow runs, as a team would share one (saves a start per run)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as local:
+        yield local.scheduler_address
+
+
+@pytest.fixture(scope="module")
+def articles(wiki: Path) -> list:
+    """The real sample's first 14 articles with text (no redirects)."""
+    pages = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text]
+    return pages[:14]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("encoders") / "tiny-bert")
+
+
+def write_dump(directory: Path, pages: list[tuple[int, str, str, int]], name: str = "wiki") -> tuple[Path, Path]:
+    """A multistream dump of (page_id, title, text, revision_id)."""
+    dump, index = directory / f"{name}.xml.bz2", directory / f"{name}-index.txt.bz2"
+    rows = [(pid, title, page_xml(pid, title, text, revisions=[(rev, "2020-01-01T00:00:00Z", text)]))
+            for pid, title, text, rev in pages]
+    write_multistream(dump, index, rows, per_stream=3)
+    return dump, index
+
+
+def rebuild(address: str, dump: Path, index: Path, store: str, encoder: Path | None, *, shards: int = 3,
+            **index_config) -> str:
+    encoder_config = EncoderConfig(path=str(encoder) if encoder else None, dtype="float32")
+    return index_rebuild.with_options(task_runner=dask_runner(address, 0))(
+        ingest_config=IngestConfig(dump=str(dump), index=str(index)),
+        embed=EmbedConfig(encoder=encoder_config, shards=shards),
+        index=IndexConfig(**index_config),
+        store=store,
+    )
+
+
+def _pages(articles: list) -> list[tuple[int, str, str, int]]:
+    return [(p.page_id, p.title, p.text, p.revision_id) for p in articles]
+
+
+def _all_vectors(store: Store, manifest: dict) -> tuple[list[str], np.ndarray]:
+    ids, vectors = [], []
+    for shard in done_shards(store, manifest["fingerprint_id"], manifest["dump_id"]):
+        i, v = read_shard(store, manifest["fingerprint_id"], manifest["dump_id"], shard)
+        ids += i
+        vectors.append(v)
+    return ids, np.concatenate(vectors)
+
+
+def _artifact_keys() -> set[str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {a.key for a in client.read_artifacts() if a.key}
+
+
+def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
+        articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
+    dump, index = write_dump(tmp_path, _pages(articles))
+    store_url = str(home / "store")
+    version = rebuild(cluster, dump, index, store_url, tiny)
+
+    store = Store(store_url)
+    assert latest_version(store) == version and list_versions(store) == [version]
+    manifest = read_manifest(store)
+    passages = read_passages(store, manifest["dump_id"])
+    assert manifest["count"] == passages.num_rows > 100 and len(manifest["shards"]) == 3
+    assert (manifest["dim"], manifest["metric"], manifest["factory"]) == (32, "ip", "Flat")
+    assert manifest["encoder"]["name"] == "tiny-bert" and manifest["encoder"]["kind"] == "sentence"
+    assert manifest["dump"]["sha256"] and all(len(s["sha256"]) == 64 for s in manifest["shards"])
+    assert manifest["gates"]["recall: expect_column_mean_to_be_between(recall_at_10)"] == 1.0
+    assert {"embeddings", "index-counts", "recall"} <= set(manifest["gates"])
+    assert f"index-{version}".lower().replace(".", "-") in _artifact_keys()
+
+    # The merged top-k over 3 shards equals exact search over every stored vector.
+    encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
+    queries = encoder.encode_questions(QUESTIONS)
+    hits = ShardedIndex.load(store).search(queries, 7)
+    ids, vectors = _all_vectors(store, manifest)
+    exact = np.argsort(-(queries @ vectors.T), axis=1, kind="stable")[:, :7]
+    assert [[h.passage_id for h in q] for q in hits] == [[ids[i] for i in row] for row in exact]
+    by_id = dict(zip(passages["passage_id"].to_pylist(), passages["title"].to_pylist()))
+    assert all(h.title == by_id[h.passage_id] for q in hits for h in q)
+
+
+def test_incremental_rebuild_reuses_unchanged_passages_while_readers_keep_working(
+        articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
+    store_url = str(home / "store")
+    first = rebuild(cluster, *write_dump(tmp_path, _pages(articles[:12]), "old"), store_url, tiny)
+    store = Store(store_url)
+    old = read_manifest(store, first)
+
+    # One article edited (a sentence appended: only its last window changes), one removed, two added.
+    pages = _pages(articles[:12])
+    pid, title, text, rev = pages[0]
+    pages[0] = (pid, title, text + "\n\nA sentence added by a later edit.", rev + 1)
+    removed_title = pages.pop(5)[1]
+    pages += _pages(articles[12:14])
+
+    seen: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:  # a consumer loading LATEST over and over during the rebuild
+        while not stop.is_set():
+            try:
+                seen.append(ShardedIndex.load(Store(store_url)).version)
+            except BaseException as exc:  # noqa: BLE001 - any failure here is the test's failure
+                errors.append(exc)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        second = rebuild(cluster, *write_dump(tmp_path, pages, "new"), store_url, tiny)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors[:1]
+    assert set(seen) <= {first, second} and seen[0] == first and first in seen
+
+    new = read_manifest(store, second)
+    records = [embeddings_store(store, new["fingerprint_id"], new["dump_id"]).read_json(f"shard-{s:05d}.json")
+               for s in range(3)]
+    reused, encoded = sum(r["reused"] for r in records), sum(r["encoded"] for r in records)
+    assert all(r["reused_from"] == old["dump_id"] for r in records)
+    new_passages = read_passages(store, new["dump_id"])
+    old_passages = read_passages(store, old["dump_id"])
+    old_texts = set(zip(old_passages["title"].to_pylist(), old_passages["text"].to_pylist()))
+    unchanged = sum(pair in old_texts for pair in zip(new_passages["title"].to_pylist(),
+                                                     new_passages["text"].to_pylist()))
+    assert reused == unchanged and encoded == new_passages.num_rows - unchanged and 0 < encoded < reused
+    titles = {h.title for q in ShardedIndex.load(store).search(np.eye(32, dtype=np.float32), 50) for h in q}
+    assert removed_title not in titles  # removed passages leave the index
+    assert new["count"] == new_passages.num_rows
+    assert ShardedIndex.load(store, first).ntotal == old["count"]  # the older version stays loadable
+
+
+def test_every_gate_failure_publishes_nothing(articles: list, tiny: Path, home: Path, prefect_server: str,
+                                              cluster: str, tmp_path: Path) -> None:
+    store_url = str(home / "store")
+    dump, index = write_dump(tmp_path, _pages(articles[:6]))
+    good = rebuild(cluster, dump, index, store_url, tiny)
+    store = Store(store_url)
+
+    broken = save_tiny_bert(tmp_path / "broken-bert", broken=True)
+    with pytest.raises(GateError, match=r"gate embeddings failed: expect_column_values_to_be_in_set\(finite\)"
+                                        r".*nothing published \(LATEST unchanged\); report: ") as err:
+        rebuild(cluster, dump, index, store_url, broken)
+    report = Path(str(err.value).rsplit("report: ", 1)[1])
+    assert "| expect_column_values_to_be_in_set | finite |" in report.read_text()
+
+    with pytest.raises(GateError, match=r"gate recall failed: expect_column_mean_to_be_between\(recall_at_10\): "
+                                        r"observed 0\.\d+"):
+        rebuild(cluster, dump, index, store_url, tiny, factory="PQ2x4", recall_target=0.95)
+
+    assert latest_version(store) == good and list_versions(store) == [good]
+    leftovers = [p.name for p in (home / "store" / "indexes").iterdir() if p.name not in (good, "LATEST", "_reports")]
+    assert leftovers == []  # the failed runs' shard files were removed
+    assert len(list((home / "store" / "indexes" / "_reports").iterdir())) == 2
+
+
+def _cli(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_search_cli_local_and_s3_with_its_bad_inputs(articles: list, tiny: Path, home: Path, prefect_server: str,
+                                                     cluster: str, s3_server: S3Server, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    s3_url = f"s3://{s3_server.bucket}/search-cli"
+    version = rebuild(cluster, *write_dump(tmp_path, _pages(articles[:8])), s3_url, tiny)
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+
+    questions = tmp_path / "questions.txt"
+    questions.write_text("\n".join(QUESTIONS[1:]) + "\n\n")
+    proc = _cli("search", QUESTIONS[0], "--questions", str(questions), "--store", s3_url, "-k", "3", "--json",
+                env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["question"] for line in lines] == QUESTIONS  # input order
+    assert all(len(line["results"]) == 3 for line in lines)
+    assert set(lines[0]["results"][0]) == {"passage_id", "title", "text", "score"}
+    scores = [r["score"] for r in lines[0]["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+    wrong = {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret"}
+    last = _one_line_error(_cli("search", "anything", "--store", s3_url, env=wrong))
+    assert s3_url in last and "AWS_SECRET_ACCESS_KEY" in last and "wrong-secret" not in last
+
+    last = _one_line_error(_cli("search", "anything", "--store", s3_url, "--version", "20200101T000000.000Z-00", env=env))
+    assert f"index version 20200101T000000.000Z-00 not found; available: {version}" in last
+
+    other = save_tiny_bert(tmp_path / "other-bert", seed=1)
+    last = _one_line_error(_cli("search", "anything", "--store", s3_url, "--encoder", str(other), env=env))
+    assert "does not match the encoder 'tiny-bert' the index was built with: weights_sha256" in last
+
+    # A local copy of the store with one shard's bytes changed after publishing.
+    local = tmp_path / "local-store"
+    Store(s3_url, s3_server.options()).fs.get(f"{s3_url}/", str(local), recursive=True)
+    shard = local / "indexes" / version / "shard-00001.faiss"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    last = _one_line_error(_cli("search", "anything", "--store", str(local), env=env))
+    assert "shard-00001.faiss: corrupt shard: sha256" in last and "republish the version" in last
+
+    last = _one_line_error(_cli("search", "anything", "--store", str(tmp_path / "empty"), env=env))
+    assert "no index has been published here" in last
+
+
+def test_a_killed_rebuild_resumes_without_reencoding_finished_shards(
+        articles: list, home: Path, prefect_server: str, tmp_path: Path) -> None:
+    dump, index = write_dump(tmp_path, _pages(articles[:10]))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
+    args = ("index-rebuild", str(dump), "--index", str(index), "--shards", "8", "--encoder-dtype", "float32")
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    embeddings = home / "store" / "embeddings"
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(embeddings.glob("*/*/shard-*.json")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    finished = {p.name for p in embeddings.glob("*/*/shard-*.json")}
+    assert 1 <= len(finished) < 8 and not (home / "store" / "indexes" / "LATEST").exists()
+    stamps = {p.name: p.stat().st_mtime_ns for p in embeddings.glob("*/*/shard-*.npy")}
+
+    proc2 = _cli(*args, env=env)
+    assert proc2.returncode == 0, proc2.stderr[-2000:]
+    assert proc2.stderr.count("already embedded") >= len(finished)
+    assert all(p.stat().st_mtime_ns == stamps[p.name] for p in embeddings.glob("*/*/shard-*.npy") if p.name in stamps)
+    assert latest_version(Store(str(home / "store"))) == proc2.stdout.strip()
+
+
+def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, prefect_server: str) -> None:
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
+    (home / "data").mkdir(parents=True)
+    shutil.copy(SAMPLE_BZ2, home / "data" / SAMPLE_NAME)  # the same bytes as the wheel's: fetching is tested elsewhere
+    proc = _cli("run", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Q: Who was the teacher of Alexander the Great?" in proc.stdout
+    first = proc.stdout.splitlines()[1]
+    assert "] Aristotle:" in first  # the top passage is Aristotle's
+    manifest = read_manifest(Store(str(home / "store")))
+    assert manifest["count"] == 4391 and manifest["encoder"]["name"] == "all-MiniLM-L6-v2"
