@@ -1,0 +1,187 @@
+"""Search an index version whose shards are held in the memory of Dask workers.
+
+For an index that outgrows one machine: each shard is loaded (and checked
+against its manifest) by one worker and stays in that worker's memory as a
+Dask future; every query batch fans out as one task per shard, run where the
+shard lives, and only each shard's top-k (plus the passage ids, titles and
+texts of those rows) travels back to be merged here. Results are exactly those
+of :class:`rag_core.search.ShardedIndex` over the same version: same scores,
+same tie order, same :class:`~rag_core.search.Hit` objects.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+import pyarrow as pa
+from distributed import Client, Future, wait
+
+from rag_core.errors import WikiragError
+from rag_core.faiss_index import set_search_params
+from rag_core.index_versions import read_manifest
+from rag_core.search import Hit, QueryError, check_dim, load_shard, merge_topk
+from rag_core.storage import Store
+
+_COLUMNS = ("passage_id", "title", "text")
+
+
+@dataclass
+class LoadedShard:
+    """One shard in a worker's memory; its size is reported to Dask (a bare FAISS index claims 56 bytes)."""
+
+    index: faiss.Index
+    passages: pa.Table
+    nbytes: int
+
+    def __sizeof__(self) -> int:
+        return self.nbytes
+
+
+def load_shard_on_worker(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) -> LoadedShard:
+    """Runs on a worker: load one shard, checking both files' sha256 against the manifest."""
+    index, table = load_shard(store, manifest, entry)
+    return LoadedShard(index, table, int(entry["bytes"]) + table.nbytes)
+
+
+def search_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int]) -> tuple[Any, Any, dict]:
+    """Runs on a worker: one shard's top-k ``(distances, rows)``, each ``[q, k_s]``, and the found rows' columns."""
+    if shard.index.ntotal == 0:
+        return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64), {}
+    if params:
+        set_search_params(shard.index, **params)
+    distances, rows = shard.index.search(x, min(k, shard.index.ntotal))
+    found = np.unique(rows[rows >= 0])
+    picked = shard.passages.take(pa.array(found))
+    columns = {c: picked.column(c).to_pylist() for c in _COLUMNS if c in picked.column_names}
+    passages = {int(r): tuple(columns[c][i] if c in columns else None for c in _COLUMNS) for i, r in enumerate(found)}
+    return distances, rows, passages
+
+
+def place_shards(entries: list[dict[str, Any]], workers: list[str]) -> dict[int, str]:
+    """Shard number -> worker: largest shard first, each to the worker holding the fewest bytes so far."""
+    load = dict.fromkeys(workers, 0)
+    placement = {}
+    for entry in sorted(entries, key=lambda e: (-int(e["bytes"]), e["shard"])):
+        worker = min(workers, key=lambda w: (load[w], workers.index(w)))
+        placement[entry["shard"]] = worker
+        load[worker] += int(entry["bytes"])
+    return placement
+
+
+class DaskShardedIndex:
+    """The shards of one index version, held by Dask workers and searched together.
+
+    Same results as :class:`rag_core.search.ShardedIndex`; use it as a context
+    manager (or call :meth:`close`) to free the workers' memory.
+    """
+
+    def __init__(self, client: Client, manifest: dict[str, Any], shards: list[Future]) -> None:
+        self.client = client
+        self.manifest = manifest
+        self.metric = manifest["metric"]
+        self.dim = int(manifest["dim"])
+        self.shards = shards
+        self._params: dict[str, int] = {}
+
+    @classmethod
+    def load(cls, client: Client, store: Store, version: str | None = None) -> DaskShardedIndex:
+        """Load a published version (LATEST's when None) onto the workers, spread by size.
+
+        Each worker reads and checks its shards itself: the store (url and
+        options, credentials included) travels to it, the shards never pass
+        through here. A corrupt shard raises the same CorruptShardError as
+        ``ShardedIndex.load``.
+        """
+        manifest = read_manifest(store, version)
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        if not workers:
+            raise WikiragError(f"the Dask cluster at {client.scheduler.address} has no workers; start some first")
+        placement = place_shards(manifest["shards"], workers)
+        tag = uuid.uuid4().hex[:8]
+        shards = [
+            client.submit(load_shard_on_worker, store, manifest, entry, workers=[placement[entry["shard"]]],
+                          allow_other_workers=True,  # if that worker dies, another reloads the shard
+                          key=f"wikirag-shard-{manifest['version']}-{entry['shard']:05d}-{tag}")
+            for entry in manifest["shards"]
+        ]
+        index = cls(client, manifest, shards)
+        try:
+            wait(shards)
+            for future in shards:  # the first failed shard, by number, raises its own error
+                if future.status == "error":
+                    future.result()
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    @property
+    def version(self) -> str | None:
+        return self.manifest.get("version")
+
+    @property
+    def ntotal(self) -> int:
+        return sum(int(entry["count"]) for entry in self.manifest["shards"])
+
+    def holders(self) -> list[str | None]:
+        """The worker holding each shard (None while one is being reloaded)."""
+        who = self.client.who_has(self._live_shards())
+        return [next(iter(sorted(who.get(f.key, ()))), None) for f in self.shards]
+
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Override the saved nprobe/efSearch on every shard that has them, from the next search on."""
+        self._params.update({k: v for k, v in (("nprobe", nprobe), ("efSearch", ef_search)) if v is not None})
+
+    def search_rows(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The merged top-k as arrays ``(scores, shards, rows)``, each ``[q, k]``; row -1 where none."""
+        return self._search(query_vectors, k)[:3]
+
+    def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
+        """For each query, up to k hits, best first."""
+        scores, shards, rows, passages = self._search(query_vectors, k)
+        return [
+            [Hit(*passages[s][r], score=float(score), shard=int(s))
+             for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]
+            for q_scores, q_shards, q_rows in zip(scores, shards, rows)
+        ]
+
+    def _search(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        x = check_dim(query_vectors, self.dim)
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise QueryError(f"k must be a positive integer, got {k!r}")
+        # Each task runs where its shard lives; the restriction is loose so that a search still runs
+        # (and the shard is reloaded elsewhere) when that worker has just died.
+        tasks = [
+            self.client.submit(search_shard, shard, x, int(k), dict(self._params), pure=False,
+                               workers=None if holder is None else [holder], allow_other_workers=True)
+            for shard, holder in zip(self.shards, self.holders())
+        ]
+        try:
+            results = self.client.gather(tasks)
+        finally:
+            self.client.cancel(tasks)
+        larger_is_better = self.metric == "ip"
+        scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], int(k),
+                                          larger_is_better)
+        return (scores if larger_is_better else -scores), shards, rows, [p for _, _, p in results]
+
+    def _live_shards(self) -> list[Future]:
+        if not self.shards:
+            raise QueryError(f"index version {self.version} was closed; load it again with DaskShardedIndex.load")
+        return self.shards
+
+    def close(self) -> None:
+        """Free the shards from the workers' memory."""
+        if self.shards:
+            self.client.cancel(self.shards)
+            self.shards = []
+
+    def __enter__(self) -> DaskShardedIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
