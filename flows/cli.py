@@ -312,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
     search.add_argument("--store", help="store URL (default <home>/store)")
     search.add_argument("--version", help="index version (default: LATEST)")
+    search.add_argument("--dask-address", help="search with the shards held by this Dask cluster's workers "
+                        "(default $WIKIRAG_DASK_ADDRESS; unset: in this process)")
     search.add_argument("-k", type=int, default=5, help="passages per question (default 5)")
     search.add_argument("--json", action="store_true", help="one JSON line per question, in input order")
     search.add_argument("--encoder", help="query encoder directory (default: the one recorded in the index)")

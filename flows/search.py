@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,19 @@ def answer_questions(settings: Settings, questions: list[str], *, version: str |
     if k < 1:
         raise WikiragError(f"-k must be at least 1, got {k}")
     store = Store(settings.store_url, settings.storage_options())
-    index = ShardedIndex.load(store, version)
-    encoder = Encoder.load(query_encoder_config(index.manifest, encoder_path, question_encoder_path))
-    check_compatible(index.manifest["encoder"], encoder.fingerprint)
-    hits = index.search(encoder.encode_questions(questions), k)
+    with ExitStack() as stack:
+        if settings.dask_address:  # the shards live in the cluster's workers; only top-k lists come back
+            from distributed import Client
+
+            from tasks.distributed_search import DaskShardedIndex
+
+            client = stack.enter_context(Client(settings.dask_address))
+            index: Any = stack.enter_context(DaskShardedIndex.load(client, store, version))
+        else:
+            index = ShardedIndex.load(store, version)
+        encoder = Encoder.load(query_encoder_config(index.manifest, encoder_path, question_encoder_path))
+        check_compatible(index.manifest["encoder"], encoder.fingerprint)
+        hits = index.search(encoder.encode_questions(questions), k)
     return [
         {"question": q, "results": [{"passage_id": h.passage_id, "title": h.title, "text": h.text,
                                      "score": round(h.score, 6)} for h in found]}

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_deployment_loads_and_validates() -> None:
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     deployments = spec["deployments"]
-    assert {d["entrypoint"] for d in deployments} >= {"flows/ingest.py:ingest"}
+    assert {d["entrypoint"] for d in deployments} >= {"flows/ingest.py:ingest", "flows/index_rebuild.py:index_rebuild"}
+    scheduled = [d["name"] for d in deployments if d.get("schedules")]
+    assert scheduled == ["index-rebuild-enwiki"]  # one scheduled ingest: the rebuild's
     for deployment in deployments:
         path, _, name = deployment["entrypoint"].partition(":")
         flow = load_flow_from_entrypoint(f"{ROOT / path}:{name}")
@@ -28,7 +30,8 @@ def test_rag_core_never_imports_the_frameworks() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, rag_core, rag_core.ingest, rag_core.multistream, rag_core.marginalize; "
+    code = ("import sys, rag_core, rag_core.ingest, rag_core.multistream, rag_core.marginalize, rag_core.encoders, "
+            "rag_core.embeddings, rag_core.faiss_index, rag_core.index_versions, rag_core.search; "
             "bad = [m for m in ('prefect', 'dask', 'distributed', 'mlflow', 'great_expectations') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
