@@ -108,6 +108,23 @@ class Plan:
     seed: int
     first_id: int
     first_revision: int
+    edit_fraction: float = 0.0  # share of articles given a new revision whose text gains a first sentence
+    edit_seed: int = 1
+
+
+EDIT_SENTENCE = "This article was revised in a later dump. "
+_TEXT_OPEN_RE = re.compile(r"<text[^>]*>")
+
+
+def _is_edited(plan: Plan, i: int) -> bool:
+    return plan.edit_fraction > 0 and random.Random(f"edit:{plan.edit_seed}:{i}").random() < plan.edit_fraction
+
+
+def _with_first_sentence(xml: str) -> str:
+    """The page with EDIT_SENTENCE in front of its text: every 100-word window shifts, so all its
+    passages change (an edit near the top, as most are)."""
+    m = _TEXT_OPEN_RE.search(xml)
+    return xml if m is None else xml[: m.end()] + EDIT_SENTENCE + xml[m.end():]
 
 
 def load_source(sample: Path) -> Source:
@@ -160,7 +177,10 @@ def page_xml(source: Source, plan: Plan, i: int) -> tuple[str, int, str]:
     template = source.pages[_cycle_order(plan.seed, cycle, n)[pos]]
     title = template.title if cycle == 0 else f"{template.title} (copy {cycle})"
     page_id = plan.first_id + i
-    return template.render(title, page_id, plan.first_revision + i), page_id, unescape(title, XML_UNESCAPE)
+    xml = template.render(title, page_id, plan.first_revision + i)
+    if _is_edited(plan, i) and "<redirect" not in xml:  # a later revision of the same article
+        xml = _with_first_sentence(template.render(title, page_id, plan.first_revision + i + 500_000_000))
+    return xml, page_id, unescape(title, XML_UNESCAPE)
 
 
 # -- worker side: each pool process loads the sample once ---------------------------------
@@ -279,6 +299,8 @@ def make_dump(
     first_id: int = 1000,
     first_revision: int = 800_000_000,
     jobs: int | None = None,
+    edit_fraction: float = 0.0,
+    edit_seed: int = 1,
 ) -> tuple[Path, Path | None]:
     """Write a dump of ``n_pages`` pages into ``out``; returns (dump, index or None)."""
     if n_pages < 1:
@@ -287,7 +309,8 @@ def make_dump(
         raise SystemExit(f"{sample}: the real sample is missing; pass --sample with the enwiki ...-shortened.bz2 file")
     out.mkdir(parents=True, exist_ok=True)
     name = name or f"enwiki-bench{n_pages}"
-    plan = Plan(sample=str(sample), seed=seed, first_id=first_id, first_revision=first_revision)
+    plan = Plan(sample=str(sample), seed=seed, first_id=first_id, first_revision=first_revision,
+                edit_fraction=edit_fraction, edit_seed=edit_seed)
     dump, index = dump_paths(out, name, single_stream)
     if index is None:
         write_single_stream(plan, n_pages, dump)
@@ -344,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sample", type=Path, default=SAMPLE, help="the real export to copy pages from")
     p.add_argument("--jobs", type=int, default=None, help="compressing processes (default: all cores)")
     p.add_argument("--check", type=Path, metavar="DUMP", help="only check an existing dump (and its index)")
+    p.add_argument("--edit-fraction", type=float, default=0.0,
+                   help="a later dump: this share of articles gets a new revision with a new first sentence")
+    p.add_argument("--edit-seed", type=int, default=1, help="which articles --edit-fraction picks")
     args = p.parse_args(argv)
 
     if args.check:
@@ -355,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     dump, index = make_dump(
         args.pages, args.out, name=args.name, seed=args.seed, single_stream=args.single_stream,
-        sample=args.sample, jobs=args.jobs,
+        sample=args.sample, jobs=args.jobs, edit_fraction=args.edit_fraction, edit_seed=args.edit_seed,
     )
     took = time.perf_counter() - t0
     size = dump.stat().st_size

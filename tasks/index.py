@@ -114,18 +114,16 @@ def _reuse_table(store: Store, fingerprint_id: str, dump_id: str) -> ReuseTable:
 
 @functools.cache
 def _share_cores() -> None:
-    """Split the host's cores between the Dask workers on it, so torch threads do not oversubscribe."""
+    """Give torch the threads the Dask worker declares, so workers on one host do not oversubscribe it."""
     try:
         from distributed import get_worker
 
-        worker = get_worker()
-        host = worker.address.rsplit(":", 1)[0]
-        peers = [w for w in worker.client.scheduler_info(n_workers=-1)["workers"] if w.rsplit(":", 1)[0] == host]
+        threads = get_worker().state.nthreads
     except (ImportError, ValueError):
         return  # not on a Dask worker: torch's default (all cores) is right
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, len(peers))))
+    torch.set_num_threads(max(1, threads))
 
 
 class _OnDemandEncoder:
