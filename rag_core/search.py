@@ -52,6 +52,20 @@ def check_dim(query_vectors: Any, dim: int) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
+def check_k(k: Any) -> int:
+    """k as an int, or a clear error."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise QueryError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def search_shard(index: faiss.Index, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """One shard's ``(distances, rows)``, each ``[q, min(k, ntotal)]`` (``[q, 0]`` for an empty shard)."""
+    if index.ntotal == 0:
+        return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
+    return index.search(x, min(k, index.ntotal))
+
+
 def merge_topk(
     per_shard_scores: Sequence[np.ndarray],
     per_shard_rows: Sequence[np.ndarray],
@@ -153,21 +167,13 @@ class ShardedIndex:
     def search_rows(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The merged top-k as arrays ``(scores, shards, rows)``, each ``[q, k]``; row -1 where none."""
         x = check_dim(query_vectors, self.dim)
-        if not isinstance(k, (int, np.integer)) or k < 1:
-            raise QueryError(f"k must be a positive integer, got {k!r}")
-        k = int(k)
-
-        def one(index: faiss.Index) -> tuple[np.ndarray, np.ndarray]:
-            if index.ntotal == 0:
-                return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
-            return index.search(x, min(k, index.ntotal))
-
+        k = check_k(k)
         workers = min(len(self.shards), self.max_workers or len(self.shards))
         if workers <= 1:
-            results = [one(index) for index in self.shards]
+            results = [search_shard(index, x, k) for index in self.shards]
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                results = list(pool.map(one, self.shards))
+                results = list(pool.map(lambda index: search_shard(index, x, k), self.shards))
         larger_is_better = self.metric == "ip"
         scores, shards, rows = merge_topk([d for d, _ in results], [i for _, i in results], k, larger_is_better)
         return (scores if larger_is_better else -scores), shards, rows

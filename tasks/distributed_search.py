@@ -23,7 +23,7 @@ from distributed import Client, Future, wait
 from rag_core.errors import WikiragError
 from rag_core.faiss_index import set_search_params
 from rag_core.index_versions import read_manifest
-from rag_core.search import Hit, QueryError, check_dim, load_shard, merge_topk
+from rag_core.search import Hit, QueryError, check_dim, check_k, load_shard, merge_topk, search_shard
 from rag_core.storage import Store
 
 _COLUMNS = ("passage_id", "title", "text")
@@ -47,13 +47,11 @@ def load_shard_on_worker(store: Store, manifest: dict[str, Any], entry: dict[str
     return LoadedShard(index, table, int(entry["bytes"]) + table.nbytes)
 
 
-def search_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int]) -> tuple[Any, Any, dict]:
+def search_loaded_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int]) -> tuple[Any, Any, dict]:
     """Runs on a worker: one shard's top-k ``(distances, rows)``, each ``[q, k_s]``, and the found rows' columns."""
-    if shard.index.ntotal == 0:
-        return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64), {}
     if params:
         set_search_params(shard.index, **params)
-    distances, rows = shard.index.search(x, min(k, shard.index.ntotal))
+    distances, rows = search_shard(shard.index, x, k)
     found = np.unique(rows[rows >= 0])
     picked = shard.passages.take(pa.array(found))
     columns = {c: picked.column(c).to_pylist() for c in _COLUMNS if c in picked.column_names}
@@ -151,12 +149,11 @@ class DaskShardedIndex:
 
     def _search(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         x = check_dim(query_vectors, self.dim)
-        if not isinstance(k, (int, np.integer)) or k < 1:
-            raise QueryError(f"k must be a positive integer, got {k!r}")
+        k = check_k(k)
         # Each task runs where its shard lives; the restriction is loose so that a search still runs
         # (and the shard is reloaded elsewhere) when that worker has just died.
         tasks = [
-            self.client.submit(search_shard, shard, x, int(k), dict(self._params), pure=False,
+            self.client.submit(search_loaded_shard, shard, x, k, dict(self._params), pure=False,
                                workers=None if holder is None else [holder], allow_other_workers=True)
             for shard, holder in zip(self.shards, self.holders())
         ]
@@ -165,7 +162,7 @@ class DaskShardedIndex:
         finally:
             self.client.cancel(tasks)
         larger_is_better = self.metric == "ip"
-        scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], int(k),
+        scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k,
                                           larger_is_better)
         return (scores if larger_is_better else -scores), shards, rows, [p for _, _, p in results]
 
