@@ -117,7 +117,8 @@ def _validate(name: str, frame: pd.DataFrame, expectations: list[Any]) -> GateRe
         config = res.expectation_config
         kwargs = config.kwargs
         detail = res.result or {}
-        column = kwargs.get("column") or f"{kwargs.get('column_A')} = {kwargs.get('column_B')}"
+        column = kwargs.get("column") or (f"{kwargs['column_A']} = {kwargs['column_B']}" if "column_A" in kwargs
+                                          else "table")
         if "observed_value" in detail:
             observed[f"{config.type}({column})"] = detail["observed_value"]
         if res.success:

@@ -240,6 +240,9 @@ def test_search_cli_local_and_s3_with_its_bad_inputs(articles: list, tiny: Path,
     wrong = {**env, "AWS_SECRET_ACCESS_KEY": "wrong-secret"}
     last = _one_line_error(_cli("search", "anything", "--store", s3_url, env=wrong))
     assert s3_url in last and "AWS_SECRET_ACCESS_KEY" in last and "wrong-secret" not in last
+    missing = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    last = _one_line_error(_cli("search", "anything", "--store", s3_url, env=missing))
+    assert s3_url in last and "AWS_ACCESS_KEY_ID" in last
 
     last = _one_line_error(_cli("search", "anything", "--store", s3_url, "--version", "20200101T000000.000Z-00", env=env))
     assert f"index version 20200101T000000.000Z-00 not found; available: {version}" in last
