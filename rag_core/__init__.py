@@ -25,6 +25,7 @@ _LAZY = {
     "build_shard_index": "rag_core.faiss_index",
     "publish_version": "rag_core.index_versions",
     "ShardedIndex": "rag_core.search",
+    "IndexRetriever": "rag_core.retriever",
 }
 
 

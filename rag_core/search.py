@@ -182,11 +182,16 @@ class ShardedIndex:
         """For each query, up to k hits, best first."""
         scores, shards, rows = self.search_rows(query_vectors, k)
         return [
-            [self._hit(int(s), int(r), float(score)) for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]
+            [self.hit(int(s), int(r), float(score)) for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]
             for q_scores, q_shards, q_rows in zip(scores, shards, rows)
         ]
 
-    def _hit(self, shard: int, row: int, score: float) -> Hit:
+    def passage_ids(self, shard: int) -> list[str]:
+        """Shard ``shard``'s passage ids in FAISS row order."""
+        return self._columns[shard]["passage_id"].to_pylist()
+
+    def hit(self, shard: int, row: int, score: float) -> Hit:
+        """Row ``row`` of shard ``shard`` as a Hit with ``score``."""
         columns = self._columns[shard]
         title, text = columns.get("title"), columns.get("text")
         return Hit(
