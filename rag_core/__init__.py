@@ -26,6 +26,9 @@ _LAZY = {
     "publish_version": "rag_core.index_versions",
     "ShardedIndex": "rag_core.search",
     "IndexRetriever": "rag_core.retriever",
+    "rag_token_generate": "rag_core.decoding",
+    "rag_sequence_generate": "rag_core.decoding",
+    "SequenceHypotheses": "rag_core.decoding",
 }
 
 
