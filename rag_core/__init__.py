@@ -29,6 +29,11 @@ _LAZY = {
     "rag_token_generate": "rag_core.decoding",
     "rag_sequence_generate": "rag_core.decoding",
     "SequenceHypotheses": "rag_core.decoding",
+    "RagModel": "rag_core.rag_model",
+    "RagConfig": "rag_core.rag_model",
+    "GeneratorConfig": "rag_core.rag_model",
+    "RetrievalBatch": "rag_core.rag_model",
+    "QuestionEncoder": "rag_core.question_encoder",
 }
 
 

@@ -314,17 +314,28 @@ class Encoder:
         device = self.config.device
         output = tower.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              token_type_ids=token_types.to(device))
-        if self.kind == "dpr":
-            pooled = output.pooler_output.float()  # [b, dim]: [CLS] state (projected)
-        elif self.pooling == "cls":
-            pooled = output.last_hidden_state[:, 0].float()  # [b, dim]
-        else:
-            hidden = output.last_hidden_state.float()  # [b, t, dim]
-            weights = mask.to(device).unsqueeze(-1).float()  # [b, t, 1]
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)  # [b, dim]
-        if self.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled
+        return pool(output, mask.to(device), self.kind, self.pooling, self.normalize)
+
+
+def pool(output: Any, mask: torch.Tensor, kind: str, pooling: str, normalize: bool) -> torch.Tensor:
+    """float32 ``[b, dim]`` vectors from a transformers encoder output: how every wikirag encoder pools.
+
+    DPR: ``pooler_output`` (the projected [CLS]); otherwise the [CLS] state or
+    the mean over the attention mask; then L2 normalisation when asked.
+    """
+    import torch
+
+    if kind == "dpr":
+        pooled = output.pooler_output.float()  # [b, dim]: [CLS] state (projected)
+    elif pooling == "cls":
+        pooled = output.last_hidden_state[:, 0].float()  # [b, dim]
+    else:
+        hidden = output.last_hidden_state.float()  # [b, t, dim]
+        weights = mask.unsqueeze(-1).float()  # [b, t, 1]
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)  # [b, dim]
+    if normalize:
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)  # [b, dim]
+    return pooled
 
 
 def check_compatible(index_fingerprint: Mapping[str, Any], query_fingerprint: Mapping[str, Any]) -> None:
