@@ -290,7 +290,8 @@ def test_a_killed_rebuild_resumes_without_reencoding_finished_shards(
     assert latest_version(Store(str(home / "store"))) == proc2.stdout.strip()
 
 
-def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, prefect_server: str) -> None:
+def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, prefect_server: str,
+                                                     tmp_path: Path) -> None:
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
     (home / "data").mkdir(parents=True)
     shutil.copy(SAMPLE_BZ2, home / "data" / SAMPLE_NAME)  # the same bytes as the wheel's: fetching is tested elsewhere
@@ -299,5 +300,45 @@ def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, pr
     assert "Q: Who was the teacher of Alexander the Great?" in proc.stdout
     first = proc.stdout.splitlines()[1]
     assert "] Aristotle:" in first  # the top passage is Aristotle's
-    manifest = read_manifest(Store(str(home / "store")))
+    store = Store(str(home / "store"))
+    manifest = read_manifest(store)
     assert manifest["count"] == 4391 and manifest["encoder"]["name"] == "all-MiniLM-L6-v2"
+
+    # The RAG model on the real sample's index: a few training steps, every decoding mode, save, and a reload
+    # onto a second index version (HNSW, built from the same embeddings: only the FAISS shards are new).
+    import torch
+
+    from rag_core.rag_model import RagConfig, RagModel
+    from rag_core.retriever import IndexRetriever
+
+    torch.manual_seed(0)
+    questions, answers = ["Who tutored Alexander the Great?", "What is the capital of Alabama?"], ["Aristotle", "Montgomery"]
+    first = IndexRetriever.load(store)
+    model = RagModel.create(RagConfig(kind="token", n_docs=3), first)
+    assert model.retrieve(questions[:1]).titles[0][0] == "Aristotle"  # the packaged encoder, before training
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    losses = []
+    for _ in range(6):
+        loss = model(model.retrieve(questions), answers).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] and all(np.isfinite(losses))
+    token_greedy = model.generate(questions, max_length=8)
+    assert len(token_greedy) == 2 and len(model.generate(questions, num_beams=2, max_length=8)) == 2
+    saved = model.save_pretrained(tmp_path / "rag-token")
+
+    sequence = RagModel.create(RagConfig(kind="sequence", n_docs=3), first)
+    thorough = sequence.generate(questions, num_beams=2, max_length=8, mode="thorough")
+    assert len(thorough) == 2 and len(sequence.generate(questions, num_beams=2, max_length=8, mode="fast")) == 2
+
+    proc = _cli("index-rebuild", str(home / "data" / SAMPLE_NAME), "--factory", "HNSW32", env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = IndexRetriever.load(store, proc.stdout.strip())
+    assert second.version != first.version and second.manifest["factory"] == "HNSW32"
+    assert proc.stderr.count("already embedded") == len(second.manifest["shards"])  # no vector encoded again
+    reloaded = RagModel.from_pretrained(saved, second)
+    assert (reloaded.trained_index_version, reloaded.index_version) == (first.version, second.version)
+    assert reloaded.generate(questions, max_length=8) == token_greedy  # same knowledge, same answers
