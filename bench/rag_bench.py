@@ -1,0 +1,438 @@
+"""RAG training step and generation side by side: wikirag's RagModel vs transformers' RAG classes.
+
+One run, the same modules for both engines: a ``RagModel.create`` model (the packaged
+all-MiniLM-L6-v2 as question encoder, the default generator: a seeded 2 + 2-layer,
+d_model 128 BART over the MiniLM vocabulary, ~5M parameters) over a small real index
+(the first ``--passages`` DPR-style passages of the Wikipedia sample, embedded by the
+same MiniLM; cached in ``bench/.cache/rag_bench/``), and transformers'
+``RagSequenceForGeneration`` / ``RagTokenForGeneration(question_encoder=...,
+generator=...)`` wrapped around those very modules. Questions and answers: the first
+``--batch`` of NQ-open dev. Retrieval (FAISS search + context tokenization) happens
+once, before timing, and is not timed; both engines get its ``context_input_ids`` and
+mask, padded to the longest row (``max_context_length`` 300).
+
+* Training step, per kind (``sequence``, ``token``): question encoder forward on the
+  questions -> ``doc_scores`` = <q, stored passage vectors> (so gradients reach the
+  encoder the same way on both sides) -> then wikirag: ``RagModel.forward`` (generator
+  on ``[start, y[:-1]]`` + ``rag_core.marginalize``), ``.sum()``; transformers:
+  ``RagXForGeneration(context_input_ids, context_attention_mask, doc_scores,
+  labels=[start, y], n_docs, reduce_loss=True)`` -> ``backward()``. Train mode
+  (dropout on). ``--warmup`` steps each, then ``--steps`` steps each, interleaved
+  (AB, BA, AB, ...) so that machine noise hits both; median s/step and the ratio
+  transformers / wikirag (> 1: wikirag faster). The losses and d loss / d question
+  vector are compared in eval mode first (max abs diff).
+* Peak memory of a training step: one child process per (engine, kind), run one after
+  another: build the model, retrieve, read RSS, reset the peak (``/proc/self/clear_refs``),
+  run ``--memory-steps`` steps (the first is the warm-up), report peak RSS (VmHWM)
+  minus the RSS after the build.
+* Generation, on the first ``--gen-batch`` questions' contexts cut to the shortest
+  row (so no row is padded: transformers' RagSequenceForGeneration.generate drops the
+  mask), with the generator's weights re-drawn at init_std 0.5 and pad never emitted
+  (as ``decoding_bench.py``, so that the documents change the answer): RAG-Token greedy
+  and RAG-Sequence thorough (``--beams``), ``rag_core.decoding`` vs transformers'
+  ``generate`` (same outputs expected), and RAG-Sequence fast vs thorough. Rows take
+  turns ``--reps`` times, the fastest call counts.
+
+Goals, printed with PASS/FAIL: training step >= 1.0x transformers' speed and peak
+memory <= 1.0x transformers', for each kind. The machine is shared: the 1-minute load
+average is recorded at start and end; interleaving shares the noise but does not remove it.
+
+    python bench/rag_bench.py --quick                       # 3 steps, batch 4 generation, best of 1 (~1-2 min)
+    python bench/rag_bench.py --markdown /tmp/rag.md        # 10 steps, batch 8 generation, best of 3 (~4-6 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.decoding_bench import strip  # noqa: E402
+from rag_core.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
+from rag_core.rag_model import RagConfig, RagModel  # noqa: E402
+
+SAMPLE = REPO.parent / "shared/data/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+NQ_DEV = REPO.parent / "shared/data/qa/nq_open/NQ-open.dev.jsonl"
+CACHE = REPO / "bench/.cache/rag_bench"
+KINDS = ("sequence", "token")
+ENGINES = ("wikirag", "transformers")
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def quiet() -> None:
+    from transformers.utils import logging
+
+    warnings.filterwarnings("ignore")
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def index_version(passages: int):
+    """(store, version) of a Flat index over the sample's first ``passages`` passages; built once, then cached."""
+    from rag_core.storage import Store
+
+    root = CACHE / f"p{passages}"
+    store, marker = Store(str(root / "store")), root / "version.txt"
+    if marker.is_file():
+        return store, marker.read_text().strip()
+    from rag_core.dumps import DumpSource, iter_pages
+    from rag_core.encoders import Encoder, EncoderConfig
+    from rag_core.passages import passages_from_pages
+    from tests.indexfiles import publish_small_index
+
+    table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE))))[0]
+    table = table.slice(0, passages).select(["passage_id", "title", "text"])
+    version = publish_small_index(store, "sample", table, Encoder.load(EncoderConfig()), shards=1)
+    marker.write_text(version)
+    return store, version
+
+
+def nq_pairs(count: int) -> tuple[list[str], list[str]]:
+    rows = [json.loads(line) for line in NQ_DEV.read_text().splitlines()[:count]]
+    return [r["question"] for r in rows], [r["answer"][0] for r in rows]
+
+
+@dataclasses.dataclass
+class Inputs:
+    """What both engines are fed: retrieved once, before any timing."""
+
+    questions: list[str]
+    batch: object  # RetrievalBatch: context_input_ids, context_attention_mask [b * n_docs, L]
+    doc_vectors: torch.Tensor  # float32 [b, n_docs, dim], the stored passage vectors (frozen)
+    labels: torch.Tensor  # long [b, T]: wikirag's targets
+    hf_labels: torch.Tensor  # long [b, 1 + T]: transformers' convention, [decoder_start, targets]
+
+
+def build(kind: str, args) -> tuple[RagModel, torch.nn.Module, Inputs]:
+    """RagModel (kind), transformers' RagXForGeneration around the same modules, and the inputs."""
+    from transformers import RagConfig as HFRagConfig
+    from transformers import RagSequenceForGeneration, RagTokenForGeneration
+
+    from rag_core.retriever import IndexRetriever
+
+    store, version = index_version(args.passages)
+    model = RagModel.create(RagConfig(kind=kind, n_docs=args.n_docs), IndexRetriever.load(store, version))
+    hf_config = HFRagConfig.from_question_encoder_generator_configs(
+        model.question_encoder.model.config, model.generator.config, n_docs=args.n_docs)
+    cls = RagSequenceForGeneration if kind == "sequence" else RagTokenForGeneration
+    reference = cls(config=hf_config, question_encoder=model.question_encoder.model, generator=model.generator)
+    questions, answers = nq_pairs(args.batch)
+    with torch.no_grad():
+        batch = model.retrieve(questions)
+        found = model.retriever.retrieve(batch.question_vectors.numpy(), args.n_docs)
+    labels = model.answer_labels(answers)  # [b, T]
+    start = labels.new_full((labels.shape[0], 1), model.decoder_start_token_id)  # [b, 1]
+    inputs = Inputs(questions, batch, torch.from_numpy(found.doc_vectors), labels, torch.cat([start, labels], 1))
+    return model, reference, inputs
+
+
+# ----------------------------------------------------------------------------- one training step
+
+
+def scored(model: RagModel, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Question vectors [b, dim] and doc_scores [b, n_docs], differentiable in the question encoder."""
+    q = model.question_encoder(inputs.questions)  # [b, dim]
+    return q, torch.bmm(q.unsqueeze(1), inputs.doc_vectors.transpose(1, 2)).squeeze(1)  # [b, 1, n] -> [b, n]
+
+
+def wikirag_loss(model, reference, inputs: Inputs, reduce: bool = True):
+    q, doc_scores = scored(model, inputs)
+    loss = model(dataclasses.replace(inputs.batch, question_vectors=q, doc_scores=doc_scores), inputs.labels)  # [b]
+    return (loss.sum() if reduce else loss), q
+
+
+def transformers_loss(model, reference, inputs: Inputs, reduce: bool = True):
+    q, doc_scores = scored(model, inputs)
+    loss = reference(context_input_ids=inputs.batch.context_input_ids,
+                     context_attention_mask=inputs.batch.context_attention_mask, doc_scores=doc_scores,
+                     labels=inputs.hf_labels, n_docs=doc_scores.shape[1], reduce_loss=reduce).loss
+    return loss, q
+
+
+LOSSES = {"wikirag": wikirag_loss, "transformers": transformers_loss}
+
+
+def train_step(engine: str, model, reference, inputs: Inputs) -> float:
+    model.zero_grad(set_to_none=True)
+    loss, _ = LOSSES[engine](model, reference, inputs)
+    loss.backward()
+    return loss.item()
+
+
+def compare_losses(model, reference, inputs: Inputs) -> tuple[float, float, float]:
+    """Eval mode: (max |loss diff| per example, max |d loss / d q diff|, max |loss|)."""
+    model.eval()
+    out = {}
+    for engine, fn in LOSSES.items():
+        loss, q = fn(model, reference, inputs, reduce=False)  # [b]
+        (grad,) = torch.autograd.grad(loss.sum(), q)
+        out[engine] = loss.detach(), grad
+    (a, ga), (b, gb) = out["wikirag"], out["transformers"]
+    return (a - b).abs().max().item(), (ga - gb).abs().max().item(), a.abs().max().item()
+
+
+# ----------------------------------------------------------------------------- memory (child process)
+
+
+def _status_kb(field: str) -> int:
+    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+def memory_child(args) -> None:
+    """Build, read RSS, reset the peak, run warm-up + steps; print {"base_mb", "peak_mb", "delta_mb", "how"}."""
+    engine, kind = args.memory_child.split(",")
+    torch.set_num_threads(args.threads)
+    quiet()
+    model, reference, inputs = build(kind, args)
+    model.train()
+    gc.collect()
+    base = _status_kb("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+        how = "VmHWM after clear_refs"
+    except OSError:
+        how = "ru_maxrss (peak since start: an upper bound)"
+    for _ in range(args.memory_steps):
+        train_step(engine, model, reference, inputs)
+    peak = _status_kb("VmHWM")
+    print(json.dumps({"base_mb": base / 1024, "peak_mb": peak / 1024, "delta_mb": (peak - base) / 1024, "how": how}))
+
+
+def measure_memory(engine: str, kind: str, args) -> dict:
+    command = [sys.executable, str(Path(__file__).resolve()), "--memory-child", f"{engine},{kind}",
+               "--memory-steps", str(args.memory_steps), "--threads", str(args.threads),
+               "--batch", str(args.batch), "--n-docs", str(args.n_docs), "--passages", str(args.passages)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory child {engine}/{kind} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def redraw(generator, std: float = 0.5, seed: int = 0) -> None:
+    """Weights at ``init_std`` 0.5, pad never emitted (decoding_bench.py): documents change the answer."""
+    generator.config.init_std = std
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for module in generator.modules():
+            generator._init_weights(module)
+        generator.final_logits_bias[0, generator.config.pad_token_id] = -1e4
+
+
+def generation(model: RagModel, inputs: Inputs, args) -> tuple[dict, dict, dict]:
+    from transformers import RagConfig as HFRagConfig
+    from transformers import RagSequenceForGeneration, RagTokenForGeneration
+
+    generator, n, b = model.generator, args.n_docs, args.gen_batch
+    redraw(generator)
+    model.eval()
+    hf_config = HFRagConfig.from_question_encoder_generator_configs(
+        model.question_encoder.model.config, generator.config, n_docs=n)
+    parts = dict(config=hf_config, question_encoder=model.question_encoder.model, generator=generator)
+    token_ref, sequence_ref = RagTokenForGeneration(**parts).eval(), RagSequenceForGeneration(**parts).eval()
+    width = int(inputs.batch.context_attention_mask[: b * n].sum(dim=1).min())  # the shortest row: no padding
+    ids = inputs.batch.context_input_ids[: b * n, :width].contiguous()  # [b * n_docs, width]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        doc_scores = scored(model, dataclasses.replace(inputs, questions=inputs.questions[:b],
+                                                       doc_vectors=inputs.doc_vectors[:b]))[1]  # [b, n_docs]
+    common = dict(context_input_ids=ids, context_attention_mask=mask, doc_scores=doc_scores, n_docs=n)
+    ours = dict(max_length=args.max_length, min_length=2)
+    rows = {
+        "token greedy / transformers": lambda: token_ref.generate(**common, num_beams=1, **ours),
+        "token greedy / wikirag": lambda: rag_token_generate(generator, ids, mask, doc_scores, n, num_beams=1, **ours),
+        "sequence thorough / transformers": lambda: sequence_ref.generate(**common, num_beams=args.beams, **ours),
+        "sequence thorough / wikirag": lambda: rag_sequence_generate(generator, ids, mask, doc_scores, n,
+                                                                     num_beams=args.beams, **ours).sequences,
+        "sequence fast / wikirag": lambda: rag_sequence_generate(generator, ids, mask, doc_scores, n, mode="fast",
+                                                                 num_beams=args.beams, **ours).sequences,
+    }
+    best, outputs = {name: float("inf") for name in rows}, {}
+    with torch.no_grad():
+        for _ in range(args.reps):
+            for name, call in rows.items():
+                t0 = time.perf_counter()
+                outputs[name] = call()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    same = {}
+    for kind in ("token greedy", "sequence thorough"):
+        x, y = strip(outputs[f"{kind} / wikirag"]), strip(outputs[f"{kind} / transformers"])
+        same[kind] = x.shape == y.shape and torch.equal(x, y)
+    thorough, fast = strip(outputs["sequence thorough / wikirag"]), strip(outputs["sequence fast / wikirag"])
+    w = max(thorough.shape[1], fast.shape[1])
+    thorough = torch.nn.functional.pad(thorough, (0, w - thorough.shape[1]), value=generator.config.pad_token_id)
+    fast = torch.nn.functional.pad(fast, (0, w - fast.shape[1]), value=generator.config.pad_token_id)
+    agreement = (thorough == fast).all(dim=1).float().mean().item()
+    info = {"width": width, "agreement": agreement, "answer_tokens": thorough.shape[1] - 1}
+    return best, same, info
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def report(args, settings: dict, train: dict, memory: dict, gen: tuple) -> tuple[list[str], str]:
+    best, same, info = gen
+    lines, verdicts = [], []
+    lines.append("| kind | wikirag s/step | transformers s/step | speed (transformers / wikirag) | "
+                 "loss max abs diff (max loss) | d loss/d q max abs diff |")
+    lines.append("|---|---|---|---|---|---|")
+    for kind, r in train.items():
+        lines.append(f"| {kind} | {r['wikirag']:.3f} | {r['transformers']:.3f} | {r['ratio']:.2f}x | "
+                     f"{r['loss_diff']:.2e} ({r['loss_max']:.1f}) | {r['grad_diff']:.2e} |")
+        verdicts.append(f"{'PASS' if r['ratio'] >= 1.0 else 'FAIL'}: {kind} training step {r['ratio']:.2f}x "
+                        f"transformers' speed (goal >= 1.0x)")
+    mem = ["| kind | wikirag MB | transformers MB | ratio (wikirag / transformers) | RSS after build, MB "
+           "(wikirag / transformers) |", "|---|---|---|---|---|"]
+    for kind, r in memory.items():
+        mem.append(f"| {kind} | {r['wikirag']['delta_mb']:.0f} | {r['transformers']['delta_mb']:.0f} | "
+                   f"{r['ratio']:.2f}x | {r['wikirag']['base_mb']:.0f} / {r['transformers']['base_mb']:.0f} |")
+        verdicts.append(f"{'PASS' if r['ratio'] <= 1.0 else 'FAIL'}: {kind} training step peak memory "
+                        f"{r['ratio']:.2f}x transformers' (goal <= 1.0x)")
+    gen_rows = ["| row | s/call | questions/s |", "|---|---|---|"]
+    gen_rows += [f"| {name} | {s:.3f} | {args.gen_batch / s:.1f} |" for name, s in best.items()]
+    gen_lines = []
+    for kind in ("token greedy", "sequence thorough"):
+        ratio = best[f"{kind} / transformers"] / best[f"{kind} / wikirag"]
+        gen_lines.append(f"{kind}: wikirag {ratio:.2f}x transformers' speed, same outputs: {same[kind]}")
+    fast_ratio = best["sequence thorough / wikirag"] / best["sequence fast / wikirag"]
+    gen_lines.append(f"sequence fast: {fast_ratio:.2f}x thorough's speed, top-1 agreement with thorough "
+                     f"{info['agreement']:.0%} ({int(round(info['agreement'] * args.gen_batch))}/{args.gen_batch})")
+    setting_lines = [f"- {k}: {v}" for k, v in settings.items()]
+    printed = (["Settings:", *setting_lines, "", f"Training step (median of {args.steps} interleaved steps each, "
+                f"after {args.warmup} warm-up):", *lines, "", "Peak memory of a training step (peak RSS minus RSS "
+                f"after build, over {args.memory_steps} steps of which the first is the warm-up, one child process per "
+                f"row; peak = {memory[KINDS[0]]['wikirag']['how']}):", *mem,
+                "", f"Generation (batch {args.gen_batch}, fastest of {args.reps}):", *gen_rows, "", *gen_lines, "",
+                *verdicts])
+    command = "python bench/rag_bench.py " + " ".join(sys.argv[1:])
+    md = "\n".join([
+        "## RAG training step and generation: `bench/rag_bench.py`", "", f"`{command.strip()}`", "",
+        *setting_lines, "", f"### Training step (forward + backward), median s/step of {args.steps} "
+        f"interleaved steps", "", *lines, "", "### Peak memory of a training step", "",
+        f"Peak RSS minus RSS after the build, over {args.memory_steps} steps (the first is the warm-up), one child "
+        f"process per row, one after another; peak = {memory[KINDS[0]]['wikirag']['how']}.", "", *mem, "",
+        f"### Generation (batch {args.gen_batch}, fastest of {args.reps})", "", *gen_rows, "",
+        *[f"- {x}" for x in gen_lines], "", "### Goals", "", *[f"- {v}" for v in verdicts], ""])
+    return printed, md
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="3 steps, batch-4 generation, best of 1")
+    p.add_argument("--batch", type=int, default=8, help="questions per training step")
+    p.add_argument("--n-docs", type=int, default=5)
+    p.add_argument("--passages", type=int, default=200, help="passages in the (cached) index")
+    p.add_argument("--steps", type=int, help="timed steps per engine and kind (default 10; --quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed steps per engine and kind first (default 2; --quick 1)")
+    p.add_argument("--memory-steps", type=int, help="steps in each memory child (default 3; --quick 2)")
+    p.add_argument("--gen-batch", type=int, help="questions for generation (default 8; --quick 4)")
+    p.add_argument("--reps", type=int, help="generation repetitions per row, fastest kept (default 3; --quick 1)")
+    p.add_argument("--beams", type=int, default=4)
+    p.add_argument("--max-length", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: these steps are small, and on a shared 2-core machine a "
+                        "second thread's barriers cost more than it gains; see tests/rag_core/test_rag_model.py)")
+    p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
+    p.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    q = args.quick
+    args.steps = args.steps or (3 if q else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if q else 2)
+    args.memory_steps = args.memory_steps or (2 if q else 3)
+    args.gen_batch = min(args.gen_batch or (4 if q else 8), args.batch)
+    args.reps = args.reps or (1 if q else 3)
+    if args.memory_child:
+        return memory_child(args)
+    for path in (SAMPLE, NQ_DEV):
+        if not path.is_file():
+            sys.exit(f"{path} not found: this benchmark reads the real data in ../shared/data (see its README)")
+    torch.set_num_threads(args.threads)
+    quiet()
+    started, load_start = time.perf_counter(), os.getloadavg()
+    print(f"load average at start: {load_start[0]:.2f} (1 min), {load_start[1]:.2f} (5 min) on "
+          f"{os.cpu_count()} cores; building the index (cached) and models...", flush=True)
+
+    train = {}
+    for kind in KINDS:
+        model, reference, inputs = build(kind, args)
+        loss_diff, grad_diff, loss_max = compare_losses(model, reference, inputs)
+        model.train()
+        times = {engine: [] for engine in ENGINES}
+        for _ in range(args.warmup):
+            for engine in ENGINES:
+                train_step(engine, model, reference, inputs)
+        for step in range(args.steps):
+            for engine in ENGINES if step % 2 == 0 else ENGINES[::-1]:  # AB, BA, AB, ...
+                t0 = time.perf_counter()
+                train_step(engine, model, reference, inputs)
+                times[engine].append(time.perf_counter() - t0)
+        med = {engine: statistics.median(t) for engine, t in times.items()}
+        train[kind] = {**med, "ratio": med["transformers"] / med["wikirag"], "loss_diff": loss_diff,
+                       "grad_diff": grad_diff, "loss_max": loss_max}
+        print(f"{kind}: wikirag {med['wikirag']:.3f} s/step, transformers {med['transformers']:.3f} s/step "
+              f"({train[kind]['ratio']:.2f}x); losses differ by {loss_diff:.2e}", flush=True)
+        shape = (tuple(inputs.batch.context_input_ids.shape), tuple(inputs.labels.shape))
+        if kind != KINDS[-1]:
+            del model, reference, inputs
+            gc.collect()
+
+    memory = {}
+    for kind in KINDS:
+        memory[kind] = {engine: measure_memory(engine, kind, args) for engine in ENGINES}
+        memory[kind]["ratio"] = memory[kind]["wikirag"]["delta_mb"] / memory[kind]["transformers"]["delta_mb"]
+        print(f"{kind} peak memory: wikirag {memory[kind]['wikirag']['delta_mb']:.0f} MB, transformers "
+              f"{memory[kind]['transformers']['delta_mb']:.0f} MB", flush=True)
+
+    print("generation...", flush=True)
+    gen = generation(model, inputs, args)
+    load_end = os.getloadavg()
+    params = lambda m: f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}M"  # noqa: E731
+    import transformers
+
+    settings = {
+        "question encoder": f"packaged all-MiniLM-L6-v2 (BertModel, 6 layers, 384-d, {params(model.question_encoder)}"
+                            " parameters), float32, trained",
+        "generator": f"RagModel's default: BART 2 + 2 layers, d_model 128, vocab 30522 ({params(model.generator)} "
+                     "parameters); generation rows: its weights re-drawn at init_std 0.5, pad never emitted",
+        "index": f"Flat, first {args.passages} passages of the Wikipedia sample (MiniLM bf16 vectors)",
+        "training batch": f"{args.batch} NQ-open dev questions x {args.n_docs} docs; context_input_ids "
+                          f"{shape[0][0]} x {shape[0][1]} (padded to the longest row); labels {shape[1][0]} x "
+                          f"{shape[1][1]} (transformers: 1 + {shape[1][1]}); loss summed over the batch "
+                          "(reduce_loss=True); train mode (dropout on); retrieval not timed",
+        "generation": f"{args.gen_batch} questions x {args.n_docs} docs, contexts cut to the shortest row "
+                      f"({gen[2]['width']} tokens, unpadded), beams {args.beams}, max_length {args.max_length}, "
+                      "min_length 2",
+        "threads": f"torch.set_num_threads({args.threads})",
+        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, Python "
+                    f"{sys.version.split()[0]}",
+        "load average (1 min)": f"{load_start[0]:.2f} at start, {load_end[0]:.2f} at end, on {os.cpu_count()} "
+                                "cores (a shared machine: interleaving spreads the noise over both engines, "
+                                "it does not remove it)",
+        "run time": f"{time.perf_counter() - started:.0f} s",
+    }
+    printed, md = report(args, settings, train, memory, gen)
+    print("\n" + "\n".join(printed))
+    if args.markdown:
+        args.markdown.write_text(md, encoding="utf-8")
+        print(f"\nmarkdown written to {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()
