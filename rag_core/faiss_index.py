@@ -81,9 +81,10 @@ def choose_factory(
 
     1. ``Flat`` (4d) when n <= 10,000 or the recall target is >= 0.999: exact,
        and at that size as fast as any approximate index.
-    2. ``HNSW32`` (4d + 8*32 + 16): the RAG paper's index; recall@10 1.00 on 200k
-       clustered 384-d vectors here at 4-8x the QPS of exact search. Costs more
-       than Flat, so it is chosen only when memory allows.
+    2. ``HNSW32`` (4d + 8*32 + 16): the RAG paper's index. Costs more than
+       Flat, so it is chosen only when memory allows; its recall and speed on
+       real embeddings are in docs/benchmarks.md (they depend on the data:
+       repeated texts hurt it badly).
     3. ``HNSW32_SQ8`` (d + 8*32 + 16): the same graph over 8-bit scalar codes;
        recall@10 0.989 at 656 B/vector (d=384), a quarter of the vector bytes.
     4. ``IVF{k},SQ8`` (d + 8): drops the graph; k ~ 4*sqrt(shard) lists, a power

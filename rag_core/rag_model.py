@@ -37,10 +37,9 @@ Default models (no model hub here):
   MiniLM (BERT uncased) vocabulary, so that it shares a tokenizer with the
   default encoder and needs no download. Why: a warm-started
   ``EncoderDecoderModel`` from MiniLM weights (~2 x 22M parameters, 6 + 6
-  layers) costs ~10x more per step on a CPU, and d_model 256 ~2.5x more; this
-  one learns a small task in a few hundred CPU steps (a test shows it; use
-  ``AdamW(fused=True)``, 4x faster than the default loop over a 30522-row
-  embedding). It knows no English: it is for tests, demos and pipelines, not
+  layers) is far larger, so slower per step on a CPU; this one learns a small
+  task in a few hundred CPU steps (a test shows it; ``AdamW(fused=True)``
+  avoids a per-parameter loop over the 30522-row embedding). It knows no English: it is for tests, demos and pipelines, not
   for answers worth reading; set ``GeneratorConfig.path`` for that.
 
 The paper's setup, from local directories (``save_pretrained`` outputs):
