@@ -1,4 +1,4 @@
-"""RAG decoding side by side: rag_core.decoding vs transformers' RAG classes, and fast vs thorough RAG-Sequence.
+"""RAG decoding side by side: rag_core.model.decoding vs transformers' RAG classes, and fast vs thorough RAG-Sequence.
 
 One run, one random (untrained) BART generator, the same contexts and doc scores for
 every row: d_model 256, 2 encoder + 2 decoder layers, vocabulary 1,000, init_std 0.5
@@ -32,12 +32,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rag_core.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
+from rag_core.model.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
 
 
 def build(n_docs: int):
-    from transformers import (BartConfig, BartForConditionalGeneration, DPRConfig, DPRQuestionEncoder, RagConfig,
-                              RagSequenceForGeneration, RagTokenForGeneration)
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        DPRConfig,
+        DPRQuestionEncoder,
+        RagConfig,
+        RagSequenceForGeneration,
+        RagTokenForGeneration,
+    )
     from transformers.utils import logging
 
     logging.set_verbosity_error()
@@ -49,7 +56,7 @@ def build(n_docs: int):
     torch.manual_seed(0)
     generator = BartForConditionalGeneration(bart).eval()
     with torch.no_grad():
-        generator.final_logits_bias[0, bart.pad_token_id] = -1e4  # never emit pad (see tests/rag_core/test_decoding.py)
+        generator.final_logits_bias[0, bart.pad_token_id] = -1e4  # never emit pad (see tests/rag_core/model/test_decoding.py)
     config = RagConfig.from_question_encoder_generator_configs(question, bart, n_docs=n_docs)
     parts = dict(config=config, question_encoder=DPRQuestionEncoder(question), generator=generator)
     return generator, RagTokenForGeneration(**parts).eval(), RagSequenceForGeneration(**parts).eval()

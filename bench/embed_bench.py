@@ -51,9 +51,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from rag_core.dumps import DumpSource, iter_pages  # noqa: E402
-from rag_core.encoders import Encoder, EncoderConfig, packaged_model_path  # noqa: E402
-from rag_core.passages import passages_from_pages  # noqa: E402
+from rag_core.index.encoders import Encoder, EncoderConfig, packaged_model_path  # noqa: E402
+from rag_core.wiki.dumps import DumpSource, iter_pages  # noqa: E402
+from rag_core.wiki.passages import passages_from_pages  # noqa: E402
 
 SAMPLE = REPO.parent / "shared/data/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 GOAL_SPEEDUP = 2.5  # wikirag bf16 passages/s over sentence-transformers fp32, same batch size

@@ -57,7 +57,7 @@ def dumps(pages: int, edit_fraction: float) -> tuple[tuple[Path, Path], tuple[Pa
 def rebuild(address: str, dump: tuple[Path, Path], store: str) -> tuple[str, float]:
     from flows.index_rebuild import index_rebuild
     from flows.ingest import dask_runner
-    from rag_core.ingest import IngestConfig
+    from rag_core.wiki.ingest import IngestConfig
 
     started = time.perf_counter()
     version = index_rebuild.with_options(task_runner=dask_runner(address, 0))(
@@ -66,8 +66,8 @@ def rebuild(address: str, dump: tuple[Path, Path], store: str) -> tuple[str, flo
 
 
 def embedding_counts(store_url: str, version: str) -> dict[str, int]:
-    from rag_core.embeddings import done_shards, embeddings_store
-    from rag_core.index_versions import read_manifest
+    from rag_core.index.embeddings import done_shards, embeddings_store
+    from rag_core.index.versions import read_manifest
     from rag_core.storage import Store
 
     store = Store(store_url)
@@ -81,7 +81,7 @@ def embedding_counts(store_url: str, version: str) -> dict[str, int]:
 
 def changed_articles(a: Path, b: Path) -> tuple[int, int]:
     """(articles, articles whose text differs between the dumps)."""
-    from rag_core.dumps import DumpSource, iter_pages
+    from rag_core.wiki.dumps import DumpSource, iter_pages
 
     old = {p.page_id: p.text for p in iter_pages(DumpSource(str(a))) if p.ns == 0 and not p.redirect}
     new = {p.page_id: p.text for p in iter_pages(DumpSource(str(b))) if p.ns == 0 and not p.redirect}

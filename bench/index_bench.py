@@ -45,10 +45,16 @@ sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
 import faiss  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from rag_core.embeddings import shard_bounds  # noqa: E402
-from rag_core.faiss_index import IndexConfig, build_shard_index, deserialize_index, ivf_lists  # noqa: E402
-from rag_core.faiss_index import serialize_index, set_search_params  # noqa: E402
-from rag_core.search import ShardedIndex  # noqa: E402
+from rag_core.index.embeddings import shard_bounds  # noqa: E402
+from rag_core.index.faiss_index import (  # noqa: E402  # noqa: E402
+    IndexConfig,
+    build_shard_index,
+    deserialize_index,
+    ivf_lists,
+    serialize_index,
+    set_search_params,
+)
+from rag_core.index.search import ShardedIndex  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 QUESTIONS = REPO.parent / "shared/data/qa/nq_open/NQ-open.dev.jsonl"
@@ -75,8 +81,8 @@ def passage_vectors(dump: Path, encoder) -> tuple[Path, dict]:
     A smaller dump is a prefix of a larger one (same seed): the longest common
     prefix of passage ids with any cached file is reused, in either direction.
     """
-    from rag_core.dumps import DumpSource, iter_pages
-    from rag_core.passages import passages_from_pages
+    from rag_core.wiki.dumps import DumpSource, iter_pages
+    from rag_core.wiki.passages import passages_from_pages
 
     stem = CACHE / f"index-bench-{dump.name.split('-pages-')[0]}-{encoder.fingerprint_id}"
     npy, meta_path = stem.with_suffix(".npy"), stem.with_suffix(".json")
@@ -126,7 +132,7 @@ def _prepare_in_child(pages: int, queries: int) -> tuple[str, dict, str]:
     """Vectors of passages and questions, in a child process: torch never loads where we search."""
     from ingest_bench import prepare_dumps  # generates the dump once into bench/.cache
 
-    from rag_core.encoders import Encoder
+    from rag_core.index.encoders import Encoder
 
     encoder, dump = Encoder.load(), prepare_dumps(pages, [], CACHE)[pages].path
     npy, meta = passage_vectors(dump, encoder)

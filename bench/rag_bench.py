@@ -14,7 +14,7 @@ mask, padded to the longest row (``max_context_length`` 300).
 * Training step, per kind (``sequence``, ``token``): question encoder forward on the
   questions -> ``doc_scores`` = <q, stored passage vectors> (so gradients reach the
   encoder the same way on both sides) -> then wikirag: ``RagModel.forward`` (generator
-  on ``[start, y[:-1]]`` + ``rag_core.marginalize``), ``.sum()``; transformers:
+  on ``[start, y[:-1]]`` + ``rag_core.model.marginalize``), ``.sum()``; transformers:
   ``RagXForGeneration(context_input_ids, context_attention_mask, doc_scores,
   labels=[start, y], n_docs, reduce_loss=True)`` -> ``backward()``. Train mode
   (dropout on). ``--warmup`` steps each, then ``--steps`` steps each, interleaved
@@ -29,7 +29,7 @@ mask, padded to the longest row (``max_context_length`` 300).
   row (so no row is padded: transformers' RagSequenceForGeneration.generate drops the
   mask), with the generator's weights re-drawn at init_std 0.5 and pad never emitted
   (as ``decoding_bench.py``, so that the documents change the answer): RAG-Token greedy
-  and RAG-Sequence thorough (``--beams``), ``rag_core.decoding`` vs transformers'
+  and RAG-Sequence thorough (``--beams``), ``rag_core.model.decoding`` vs transformers'
   ``generate`` (same outputs expected), and RAG-Sequence fast vs thorough. Rows take
   turns ``--reps`` times, the fastest call counts.
 
@@ -61,8 +61,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.decoding_bench import strip  # noqa: E402
-from rag_core.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
-from rag_core.rag_model import RagConfig, RagModel  # noqa: E402
+from rag_core.model.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
+from rag_core.model.rag_model import RagConfig, RagModel  # noqa: E402
 
 SAMPLE = REPO.parent / "shared/data/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 NQ_DEV = REPO.parent / "shared/data/qa/nq_open/NQ-open.dev.jsonl"
@@ -90,9 +90,9 @@ def index_version(passages: int):
     store, marker = Store(str(root / "store")), root / "version.txt"
     if marker.is_file():
         return store, marker.read_text().strip()
-    from rag_core.dumps import DumpSource, iter_pages
-    from rag_core.encoders import Encoder, EncoderConfig
-    from rag_core.passages import passages_from_pages
+    from rag_core.index.encoders import Encoder, EncoderConfig
+    from rag_core.wiki.dumps import DumpSource, iter_pages
+    from rag_core.wiki.passages import passages_from_pages
     from tests.indexfiles import publish_small_index
 
     table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE))))[0]
@@ -123,7 +123,7 @@ def build(kind: str, args) -> tuple[RagModel, torch.nn.Module, Inputs]:
     from transformers import RagConfig as HFRagConfig
     from transformers import RagSequenceForGeneration, RagTokenForGeneration
 
-    from rag_core.retriever import IndexRetriever
+    from rag_core.model.retriever import IndexRetriever
 
     store, version = index_version(args.passages)
     model = RagModel.create(RagConfig(kind=kind, n_docs=args.n_docs), IndexRetriever.load(store, version))
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-length", type=int, default=20)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: these steps are small, and on a shared 2-core machine a "
-                        "second thread's barriers cost more than it gains; see tests/rag_core/test_rag_model.py)")
+                        "second thread's barriers cost more than it gains; see tests/rag_core/model/test_rag_model.py)")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -63,7 +63,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _run_ingest(settings: Settings, config_kwargs: dict) -> str:
     from flows.prefect_api import prefect_api
-    from rag_core.ingest import IngestConfig
+    from rag_core.wiki.ingest import IngestConfig
 
     config = IngestConfig(**config_kwargs)
     log.info("ingesting %s into %s", config.dump, settings.store_url)
@@ -79,8 +79,8 @@ def _run_ingest(settings: Settings, config_kwargs: dict) -> str:
 
 
 def _log_counts(settings: Settings, url: str) -> None:
-    from rag_core.ingest import MANIFEST
     from rag_core.storage import Store
+    from rag_core.wiki.ingest import MANIFEST
 
     manifest = Store(url, settings.storage_options(url)).read_json(MANIFEST)
     c = manifest["counts"]
@@ -110,10 +110,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def _run_index_rebuild(settings: Settings, ingest_kwargs: dict, embed_kwargs: dict, index_kwargs: dict) -> str:
     from flows.prefect_api import prefect_api
-    from rag_core.embeddings import EmbedConfig
-    from rag_core.encoders import EncoderConfig
-    from rag_core.faiss_index import IndexConfig
-    from rag_core.ingest import IngestConfig
+    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.encoders import EncoderConfig
+    from rag_core.index.faiss_index import IndexConfig
+    from rag_core.wiki.ingest import IngestConfig
 
     ingest_config = IngestConfig(**ingest_kwargs)
     encoder = EncoderConfig(**embed_kwargs.pop("encoder", {}))
@@ -136,7 +136,7 @@ def _run_index_rebuild(settings: Settings, ingest_kwargs: dict, embed_kwargs: di
 
 
 def _log_index(settings: Settings, version: str) -> None:
-    from rag_core.index_versions import read_manifest
+    from rag_core.index.versions import read_manifest
     from rag_core.storage import Store
 
     manifest = read_manifest(Store(settings.store_url, settings.storage_options()), version)
@@ -190,7 +190,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_indexes(args: argparse.Namespace) -> int:
     """List published index versions, or delete one."""
-    from rag_core.index_versions import delete_version, latest_version, list_versions, read_manifest
+    from rag_core.index.versions import delete_version, latest_version, list_versions, read_manifest
     from rag_core.storage import Store
 
     settings = _settings(args)
@@ -223,8 +223,8 @@ def cmd_data_sample(args: argparse.Namespace) -> int:
 
 def cmd_passages(args: argparse.Namespace) -> int:
     """List the published passage sets of a store."""
-    from rag_core.ingest import PASSAGES_DIR, published_manifest
     from rag_core.storage import Store
+    from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest
 
     settings = _settings(args)
     store = Store(settings.store_url, settings.storage_options())

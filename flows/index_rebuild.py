@@ -12,10 +12,10 @@ from prefect.futures import wait
 
 from flows.ingest import _default_runner, dask_runner, ingest
 from flows.settings import Settings, quiet_environment
-from rag_core.embeddings import EmbedConfig
-from rag_core.faiss_index import IndexConfig
-from rag_core.ingest import IngestConfig
+from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.faiss_index import IndexConfig
 from rag_core.storage import Store
+from rag_core.wiki.ingest import IngestConfig
 from tasks.index import build_index_shard, embed_passages, plan_index, publish_index, summarize_index
 from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
 

@@ -11,9 +11,9 @@ from prefect.futures import wait
 from prefect_dask import DaskTaskRunner
 
 from flows.settings import Settings, quiet_environment
-from rag_core.dumps import DumpSource
-from rag_core.ingest import IngestConfig
 from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource
+from rag_core.wiki.ingest import IngestConfig
 from tasks.ingest import (
     already_published,
     check_store,

@@ -35,7 +35,7 @@ def read_questions(path: str | None, questions: list[str]) -> list[str]:
 
 def query_encoder_config(manifest: dict[str, Any], encoder_path: str | None, question_path: str | None) -> Any:
     """The encoder to embed questions with: the flags', else the one recorded in the manifest."""
-    from rag_core.encoders import EncoderConfig, EncoderError
+    from rag_core.index.encoders import EncoderConfig, EncoderError
 
     if encoder_path:
         return EncoderConfig(path=encoder_path, question_path=question_path)
@@ -51,8 +51,8 @@ def query_encoder_config(manifest: dict[str, Any], encoder_path: str | None, que
 def answer_questions(settings: Settings, questions: list[str], *, version: str | None = None, k: int = 5,
                      encoder_path: str | None = None, question_encoder_path: str | None = None) -> list[dict]:
     """For each question, in order: ``{"question", "results": [{passage_id, title, text, score}, ...]}``."""
-    from rag_core.encoders import Encoder, check_compatible
-    from rag_core.search import ShardedIndex
+    from rag_core.index.encoders import Encoder, check_compatible
+    from rag_core.index.search import ShardedIndex
     from rag_core.storage import Store
 
     if k < 1:

@@ -4,36 +4,36 @@ Pure functions and small classes over torch, transformers, faiss, numpy,
 pyarrow and fsspec; it never imports prefect, dask, mlflow or great_expectations.
 """
 
-from rag_core.dumps import DumpSource, Page, iter_pages
 from rag_core.errors import DumpError, GateError, StoreError, WikiragError
-from rag_core.ingest import IngestConfig, read_passages
-from rag_core.multistream import StreamShard, iter_shard_pages, plan_shards, read_index
-from rag_core.passages import PASSAGE_SCHEMA, PageCounts, passages_from_pages
 from rag_core.storage import Store
-from rag_core.wikitext import clean_wikitext
+from rag_core.wiki.dumps import DumpSource, Page, iter_pages
+from rag_core.wiki.ingest import IngestConfig, read_passages
+from rag_core.wiki.multistream import StreamShard, iter_shard_pages, plan_shards, read_index
+from rag_core.wiki.passages import PASSAGE_SCHEMA, PageCounts, passages_from_pages
+from rag_core.wiki.wikitext import clean_wikitext
 
 # torch, transformers and faiss take seconds to import: load the modules that
 # need them on first use, so that ingest workers, which never do, start fast.
 _LAZY = {
-    "rag_sequence_nll": "rag_core.marginalize",
-    "rag_token_nll": "rag_core.marginalize",
-    "Encoder": "rag_core.encoders",
-    "EncoderConfig": "rag_core.encoders",
-    "EmbedConfig": "rag_core.embeddings",
-    "embed_shard": "rag_core.embeddings",
-    "IndexConfig": "rag_core.faiss_index",
-    "build_shard_index": "rag_core.faiss_index",
-    "publish_version": "rag_core.index_versions",
-    "ShardedIndex": "rag_core.search",
-    "IndexRetriever": "rag_core.retriever",
-    "rag_token_generate": "rag_core.decoding",
-    "rag_sequence_generate": "rag_core.decoding",
-    "SequenceHypotheses": "rag_core.decoding",
-    "RagModel": "rag_core.rag_model",
-    "RagConfig": "rag_core.rag_model",
-    "GeneratorConfig": "rag_core.rag_model",
-    "RetrievalBatch": "rag_core.rag_model",
-    "QuestionEncoder": "rag_core.question_encoder",
+    "rag_sequence_nll": "rag_core.model.marginalize",
+    "rag_token_nll": "rag_core.model.marginalize",
+    "Encoder": "rag_core.index.encoders",
+    "EncoderConfig": "rag_core.index.encoders",
+    "EmbedConfig": "rag_core.index.embeddings",
+    "embed_shard": "rag_core.index.embeddings",
+    "IndexConfig": "rag_core.index.faiss_index",
+    "build_shard_index": "rag_core.index.faiss_index",
+    "publish_version": "rag_core.index.versions",
+    "ShardedIndex": "rag_core.index.search",
+    "IndexRetriever": "rag_core.model.retriever",
+    "rag_token_generate": "rag_core.model.decoding",
+    "rag_sequence_generate": "rag_core.model.decoding",
+    "SequenceHypotheses": "rag_core.model.decoding",
+    "RagModel": "rag_core.model.rag_model",
+    "RagConfig": "rag_core.model.rag_model",
+    "GeneratorConfig": "rag_core.model.rag_model",
+    "RetrievalBatch": "rag_core.model.rag_model",
+    "QuestionEncoder": "rag_core.model.question_encoder",
 }
 
 

@@ -5,8 +5,8 @@ against its manifest) by one worker and stays in that worker's memory as a
 Dask future; every query batch fans out as one task per shard, run where the
 shard lives, and only each shard's top-k (plus the passage ids, titles and
 texts of those rows) travels back to be merged here. Results are exactly those
-of :class:`rag_core.search.ShardedIndex` over the same version: same scores,
-same tie order, same :class:`~rag_core.search.Hit` objects.
+of :class:`rag_core.index.search.ShardedIndex` over the same version: same scores,
+same tie order, same :class:`~rag_core.index.search.Hit` objects.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pyarrow as pa
 from distributed import Client, Future, wait
 
 from rag_core.errors import WikiragError
-from rag_core.faiss_index import set_search_params
-from rag_core.index_versions import read_manifest
-from rag_core.search import Hit, QueryError, check_dim, check_k, load_shard, merge_topk, search_shard
+from rag_core.index.faiss_index import set_search_params
+from rag_core.index.search import Hit, QueryError, check_dim, check_k, load_shard, merge_topk, search_shard
+from rag_core.index.versions import read_manifest
 from rag_core.storage import Store
 
 _COLUMNS = ("passage_id", "title", "text")
@@ -73,7 +73,7 @@ def place_shards(entries: list[dict[str, Any]], workers: list[str]) -> dict[int,
 class DaskShardedIndex:
     """The shards of one index version, held by Dask workers and searched together.
 
-    Same results as :class:`rag_core.search.ShardedIndex`; use it as a context
+    Same results as :class:`rag_core.index.search.ShardedIndex`; use it as a context
     manager (or call :meth:`close`) to free the workers' memory.
     """
 

@@ -18,7 +18,8 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from rag_core.embeddings import (
+from rag_core.errors import StoreError
+from rag_core.index.embeddings import (
     EmbedConfig,
     ReuseTable,
     embed_shard,
@@ -27,10 +28,9 @@ from rag_core.embeddings import (
     shard_bounds,
     vector_stats,
 )
-from rag_core.encoders import Encoder, EncoderConfig, EncoderError
-from rag_core.errors import StoreError
-from rag_core.faiss_index import IndexConfig, build_shard_index, heldout_recall, serialize_index
-from rag_core.index_versions import (
+from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
+from rag_core.index.faiss_index import IndexConfig, build_shard_index, heldout_recall, serialize_index
+from rag_core.index.versions import (
     IndexVersionError,
     ShardPayload,
     latest_version,
@@ -39,8 +39,8 @@ from rag_core.index_versions import (
     read_manifest,
     write_shard,
 )
-from rag_core.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
 from rag_core.storage import Store
+from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
 from tasks.ingest import io_task
 from tasks.quality import artifact_key
 

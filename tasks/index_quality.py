@@ -17,7 +17,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rag_core.errors import GateError
-from rag_core.index_versions import INDEXES_DIR, delete_version
+from rag_core.index.versions import INDEXES_DIR, delete_version
 from rag_core.storage import Store
 from tasks.index import RECALL_K, BuiltShard, EmbeddedShard, IndexPlan
 from tasks.quality import GateResult, _validate, artifact_key, combine, report_markdown

@@ -13,9 +13,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from tqdm.auto import tqdm
 
-from rag_core.dumps import DumpSource, Page, iter_pages
 from rag_core.errors import WikiragError
-from rag_core.ingest import (
+from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource, Page, iter_pages
+from rag_core.wiki.ingest import (
     IngestConfig,
     dump_digest,
     make_dump_id,
@@ -24,9 +25,8 @@ from rag_core.ingest import (
     stage_part,
     staged_part,
 )
-from rag_core.multistream import StreamShard, check_layout, iter_shard_pages, plan_shards, read_index
-from rag_core.passages import PageCounts, passages_from_pages
-from rag_core.storage import Store
+from rag_core.wiki.multistream import StreamShard, check_layout, iter_shard_pages, plan_shards, read_index
+from rag_core.wiki.passages import PageCounts, passages_from_pages
 from tasks.quality import artifact_key
 
 

@@ -24,9 +24,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from rag_core.errors import GateError
-from rag_core.ingest import IngestConfig, read_staged_table, write_report
-from rag_core.passages import PageCounts
 from rag_core.storage import Store
+from rag_core.wiki.ingest import IngestConfig, read_staged_table, write_report
+from rag_core.wiki.passages import PageCounts
 
 # Markup that should never survive cleaning; a few passages may keep some.
 RESIDUE_PATTERN = r"\{\{|\}\}|\[\[|\]\]|<ref|\{\||\|\}|&amp;|&nbsp;|<!--|__[A-Z]+__"

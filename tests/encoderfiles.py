@@ -13,7 +13,7 @@ def save_tiny_bert(directory: Path, *, seed: int = 0, broken: bool = False) -> P
     import torch
     from transformers import BertConfig, BertModel
 
-    from rag_core.encoders import packaged_model_path
+    from rag_core.index.encoders import packaged_model_path
 
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

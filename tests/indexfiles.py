@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from rag_core.embeddings import EmbedConfig, embed_shard, passage_shard, read_shard
-from rag_core.faiss_index import IndexConfig, build_shard_index, serialize_index
-from rag_core.index_versions import ShardPayload, new_version_id, publish_manifest, write_shard
+from rag_core.index.embeddings import EmbedConfig, embed_shard, passage_shard, read_shard
+from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
+from rag_core.index.versions import ShardPayload, new_version_id, publish_manifest, write_shard
 from rag_core.storage import Store
 
 

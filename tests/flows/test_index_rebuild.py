@@ -19,15 +19,15 @@ import pytest
 from flows.index_rebuild import index_rebuild
 from flows.ingest import dask_runner
 from flows.sample import SAMPLE_NAME
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.embeddings import EmbedConfig, done_shards, embeddings_store, read_shard
-from rag_core.encoders import Encoder, EncoderConfig
 from rag_core.errors import GateError
-from rag_core.faiss_index import IndexConfig
-from rag_core.index_versions import latest_version, list_versions, read_manifest
-from rag_core.ingest import IngestConfig, read_passages
-from rag_core.search import ShardedIndex
+from rag_core.index.embeddings import EmbedConfig, done_shards, embeddings_store, read_shard
+from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.search import ShardedIndex
+from rag_core.index.versions import latest_version, list_versions, read_manifest
 from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.ingest import IngestConfig, read_passages
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.dumpfiles import page_xml, write_multistream
 from tests.encoderfiles import save_tiny_bert
@@ -308,8 +308,8 @@ def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, pr
     # onto a second index version (HNSW, built from the same embeddings: only the FAISS shards are new).
     import torch
 
-    from rag_core.rag_model import RagConfig, RagModel
-    from rag_core.retriever import IndexRetriever
+    from rag_core.model.rag_model import RagConfig, RagModel
+    from rag_core.model.retriever import IndexRetriever
 
     torch.manual_seed(0)
     questions, answers = ["Who tutored Alexander the Great?", "What is the capital of Alabama?"], ["Aristotle", "Montgomery"]

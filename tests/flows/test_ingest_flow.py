@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from flows.ingest import dask_runner, ingest
-from rag_core.dumps import DumpSource, iter_pages
 from rag_core.errors import DumpError, GateError
-from rag_core.ingest import IngestConfig, published_manifest, read_passages
-from rag_core.passages import passages_from_pages
 from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.ingest import IngestConfig, published_manifest, read_passages
+from rag_core.wiki.passages import passages_from_pages
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2, S3Server
 from tests.dumpfiles import page_xml, write_multistream
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
-
-import os
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from distributed import Client, LocalCluster
 
-from rag_core.faiss_index import IndexConfig, build_shard_index, serialize_index
-from rag_core.index_versions import CorruptShardError, IndexVersionError, ShardPayload, publish_version
-from rag_core.search import QueryError, ShardedIndex
+from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
+from rag_core.index.search import QueryError, ShardedIndex
+from rag_core.index.versions import CorruptShardError, IndexVersionError, ShardPayload, publish_version
 from rag_core.storage import Store
 from tasks.distributed_search import DaskShardedIndex, place_shards
 from tests.rag_core.test_faiss_index import clustered_vectors

@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.passages import PageCounts, passages_from_pages
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.passages import PageCounts, passages_from_pages
 from tasks.quality import report_markdown, validate_counts, validate_passages, validate_unique_pages
 from tests.conftest import SAMPLE_BZ2
 

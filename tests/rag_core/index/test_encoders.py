@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rag_core
-from rag_core.encoders import (
+from rag_core.index.encoders import (
     Encoder,
     EncoderConfig,
     EncoderError,

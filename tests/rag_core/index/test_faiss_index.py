@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rag_core.faiss_index import (
+from rag_core.index.faiss_index import (
     IndexBuildError,
     IndexConfig,
     build_shard_index,
@@ -23,7 +23,7 @@ from rag_core.faiss_index import (
     serialize_index,
     sha256_hex,
 )
-from rag_core.index_versions import (
+from rag_core.index.versions import (
     IndexVersionError,
     ShardPayload,
     delete_version,

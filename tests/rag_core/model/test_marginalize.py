@@ -1,4 +1,4 @@
-"""Tests for rag_core.marginalize.
+"""Tests for rag_core.model.marginalize.
 
 Three references:
 - transformers' RagSequenceForGeneration.get_nll / RagTokenForGeneration.get_nll
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rag_core.marginalize import rag_sequence_nll, rag_token_nll
+from rag_core.model.marginalize import rag_sequence_nll, rag_token_nll
 
 PAD = 1  # BartConfig's default pad_token_id, which the reference masks
 DECODER_START = 2  # BartConfig's default decoder_start_token_id

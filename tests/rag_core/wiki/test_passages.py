@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.multistream import iter_shard_pages, plan_shards, read_index
-from rag_core.passages import PASSAGE_SCHEMA, passages_from_pages, windows
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.multistream import iter_shard_pages, plan_shards, read_index
+from rag_core.wiki.passages import PASSAGE_SCHEMA, passages_from_pages, windows
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2
 from tests.dumpfiles import export_xml, page_xml
 

@@ -10,9 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import rag_core.index_versions as index_versions
-from rag_core.faiss_index import IndexConfig, build_shard_index, serialize_index
-from rag_core.index_versions import (
+import rag_core.index.versions as index_versions
+from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
+from rag_core.index.search import Hit, QueryError, ShardedIndex, check_dim, merge_topk
+from rag_core.index.versions import (
     CorruptShardError,
     IndexVersionError,
     ShardPayload,
@@ -21,7 +22,6 @@ from rag_core.index_versions import (
     list_versions,
     publish_version,
 )
-from rag_core.search import Hit, QueryError, ShardedIndex, check_dim, merge_topk
 from rag_core.storage import Store
 from tests.conftest import S3Server
 from tests.rag_core.test_faiss_index import clustered_vectors, exact_topk, recall_at

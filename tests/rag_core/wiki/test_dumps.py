@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rag_core.dumps import DumpSource, iter_pages
 from rag_core.errors import DumpError
-from rag_core.multistream import check_layout, iter_shard_pages, plan_shards, read_index, shard_streams
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.multistream import check_layout, iter_shard_pages, plan_shards, read_index, shard_streams
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2
 from tests.dumpfiles import export_xml, page_xml, write_multistream
 
@@ -58,7 +58,7 @@ def test_index_layout_and_schema_version(wiki: Path) -> None:
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3, 5, 50])
 def test_shards_cover_every_stream_once(num_shards: int) -> None:
-    from rag_core.multistream import Stream
+    from rag_core.wiki.multistream import Stream
 
     streams = [Stream(100 + 1000 * i + (i % 7) * 13, (i,)) for i in range(40)]
     size = streams[-1].offset + 500

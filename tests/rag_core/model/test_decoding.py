@@ -1,4 +1,4 @@
-"""Tests for rag_core.decoding.
+"""Tests for rag_core.model.decoding.
 
 References:
 - transformers' RagTokenForGeneration.generate (greedy and beam search) and
@@ -31,7 +31,7 @@ import warnings
 import pytest
 import torch
 
-from rag_core.decoding import rag_sequence_generate, rag_token_generate
+from rag_core.model.decoding import rag_sequence_generate, rag_token_generate
 
 VOCAB = 48
 PAD, BOS, EOS = 1, 0, 2  # BartConfig's defaults; decoder_start_token_id is EOS too
@@ -49,8 +49,15 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import (BartConfig, BartForConditionalGeneration, DPRConfig, DPRQuestionEncoder, RagConfig,
-                              RagSequenceForGeneration, RagTokenForGeneration)
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        DPRConfig,
+        DPRQuestionEncoder,
+        RagConfig,
+        RagSequenceForGeneration,
+        RagTokenForGeneration,
+    )
     from transformers.utils import logging
 
     logging.set_verbosity_error()

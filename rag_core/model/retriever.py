@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from rag_core.embeddings import read_shard
 from rag_core.errors import WikiragError
-from rag_core.search import ShardedIndex, check_k
+from rag_core.index.embeddings import read_shard
+from rag_core.index.search import ShardedIndex, check_k
 from rag_core.storage import Store
 
 

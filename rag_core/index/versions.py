@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rag_core.errors import WikiragError
-from rag_core.faiss_index import METRICS, IndexBuildError, sha256_hex
+from rag_core.index.faiss_index import METRICS, IndexBuildError, sha256_hex
 from rag_core.storage import Store
 
 INDEXES_DIR = "indexes"

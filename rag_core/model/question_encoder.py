@@ -1,11 +1,11 @@
 """The trainable question tower of a RAG model, and the rule that ties it to an index.
 
 ``QuestionEncoder`` is an ``nn.Module`` that turns questions into vectors with
-the pooling of :mod:`rag_core.encoders` (mean + L2 for sentence encoders, DPR's
+the pooling of :mod:`rag_core.index.encoders` (mean + L2 for sentence encoders, DPR's
 ``pooler_output`` for DPR), but with gradients: in eval mode its output equals
 ``Encoder.encode_questions`` for the same directory (a test checks it).
 
-Compatibility with an index (the encoder fingerprint of :mod:`rag_core.encoders`):
+Compatibility with an index (the encoder fingerprint of :mod:`rag_core.index.encoders`):
 
 - The tower remembers ``base_fingerprint``: the full fingerprint of the encoder
   it was initialised from (both towers' weights hashes, kind, dim, pooling,
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rag_core.encoders import MUST_MATCH, Encoder, EncoderConfig, EncoderError, check_compatible, pool
+from rag_core.index.encoders import MUST_MATCH, Encoder, EncoderConfig, EncoderError, check_compatible, pool
 
 # Fingerprint fields that decide the passage vectors: what a trained question tower must still match.
 PASSAGE_SIDE = tuple(key for key in MUST_MATCH if key != "question_weights_sha256")
@@ -96,7 +96,7 @@ class QuestionEncoder(nn.Module):
         return int(self.base_fingerprint["dim"])
 
     def forward(self, questions: Sequence[str]) -> Tensor:
-        """``[b, dim]`` float32 question vectors (pooled as ``rag_core.encoders.Encoder`` pools them)."""
+        """``[b, dim]`` float32 question vectors (pooled as ``rag_core.index.encoders.Encoder`` pools them)."""
         if isinstance(questions, str) or not all(isinstance(q, str) for q in questions):
             raise TypeError(f"questions must be a list of strings, got {type(questions).__name__}; "
                             "wrap a single question in a list")

@@ -21,11 +21,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.encoders import Encoder, EncoderConfig, EncoderError, check_compatible, packaged_model_path
-from rag_core.passages import passages_from_pages
-from rag_core.question_encoder import QuestionEncoder
-from rag_core.rag_model import (
+from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, check_compatible, packaged_model_path
+from rag_core.model.question_encoder import QuestionEncoder
+from rag_core.model.rag_model import (
     GeneratorConfig,
     RagConfig,
     RagModel,
@@ -33,8 +31,10 @@ from rag_core.rag_model import (
     context_strings,
     default_generator,
 )
-from rag_core.retriever import IndexRetriever
+from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.passages import passages_from_pages
 from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import TOKENIZER_FILES, save_tiny_bert
 from tests.indexfiles import publish_small_index
@@ -333,7 +333,7 @@ def test_save_load_roundtrip_and_knowledge_update(indexes: SimpleNamespace, tmp_
             EncoderConfig(path=str(saved / "question_encoder"), dtype="float32")).fingerprint)
 
     # Knowledge update: the same model over another dump's index version, no retraining.
-    with caplog.at_level(logging.INFO, logger="rag_core.rag_model"):
+    with caplog.at_level(logging.INFO, logger="rag_core.model.rag_model"):
         updated = RagModel.from_pretrained(saved, IndexRetriever.load(indexes.store, indexes.v2),
                                            overrides={"n_docs": 4})
     assert updated.trained_index_version == indexes.v1 and updated.index_version == indexes.v2

@@ -4,7 +4,7 @@ One FAISS index per passage shard. Row ``i`` of a shard's index is the shard's
 ``i``-th passage: ids are resolved through the shard's ids file, never through
 FAISS ids (no ``IndexIDMap``: string passage ids do not fit in int64, and the
 row order is already stored beside the index). Publishing shards as versions on
-a store is :mod:`rag_core.index_versions`.
+a store is :mod:`rag_core.index.versions`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, fields
 
 import pyarrow as pa
 
-from rag_core.dumps import Page
-from rag_core.wikitext import clean_wikitext, is_disambiguation, redirect_target
+from rag_core.wiki.dumps import Page
+from rag_core.wiki.wikitext import clean_wikitext, is_disambiguation, redirect_target
 
 PASSAGE_SCHEMA = pa.schema(
     [

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rag_core.errors import WikiragError
-from rag_core.faiss_index import METRICS, deserialize_index, set_search_params, sha256_hex
-from rag_core.index_versions import INDEXES_DIR, CorruptShardError, read_manifest
+from rag_core.index.faiss_index import METRICS, deserialize_index, set_search_params, sha256_hex
+from rag_core.index.versions import INDEXES_DIR, CorruptShardError, read_manifest
 from rag_core.storage import Store
 
 

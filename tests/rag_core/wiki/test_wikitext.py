@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.wikitext import clean_wikitext, is_disambiguation, redirect_target
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.wikitext import clean_wikitext, is_disambiguation, redirect_target
 from tasks.quality import RESIDUE_PATTERN
 from tests.conftest import SAMPLE_BZ2, TABLES_BZ2
 

@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
-from rag_core.encoders import EncoderConfig, EncoderError
 from rag_core.errors import StoreError
+from rag_core.index.encoders import EncoderConfig, EncoderError
 from rag_core.storage import Store
 
 EMBEDDINGS_DIR = "embeddings"
@@ -48,7 +48,7 @@ Progress = Callable[[int], None]  # called with the number of passages just fini
 
 
 class PassageEncoder(Protocol):
-    """What :func:`embed_shard` needs from an encoder (``rag_core.encoders.Encoder`` is one)."""
+    """What :func:`embed_shard` needs from an encoder (``rag_core.index.encoders.Encoder`` is one)."""
 
     fingerprint: dict[str, Any]
     fingerprint_id: str

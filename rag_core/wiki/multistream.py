@@ -15,8 +15,8 @@ import bz2
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from rag_core.dumps import BZ2_MAGIC, EXPORT_NS_PREFIX, DumpSource, Page, PageParser, iter_file_chunks
 from rag_core.errors import DumpError
+from rag_core.wiki.dumps import BZ2_MAGIC, EXPORT_NS_PREFIX, DumpSource, Page, PageParser, iter_file_chunks
 
 READ_BYTES = 8 << 20
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import s3fs
 
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.multistream import check_layout, iter_shard_pages, plan_shards, read_index
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.multistream import check_layout, iter_shard_pages, plan_shards, read_index
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2, S3Server
 
 

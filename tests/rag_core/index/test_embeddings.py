@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 import rag_core
-from rag_core.embeddings import (
+from rag_core.errors import StoreError
+from rag_core.index.embeddings import (
     EmbedConfig,
     embed_shard,
     embeddings_store,
@@ -20,8 +21,7 @@ from rag_core.embeddings import (
     shard_record,
     text_hash,
 )
-from rag_core.encoders import Encoder, EncoderConfig, EncoderError
-from rag_core.errors import StoreError
+from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
 from rag_core.storage import Store
 from tests.conftest import SAMPLE_BZ2, S3Server
 

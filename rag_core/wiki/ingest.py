@@ -26,11 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
-from rag_core.dumps import DumpSource
 from rag_core.errors import StoreError
-from rag_core.passages import PASSAGE_SCHEMA, PageCounts
 from rag_core.storage import Store
-from rag_core.wikitext import CLEANER_VERSION
+from rag_core.wiki.dumps import DumpSource
+from rag_core.wiki.passages import PASSAGE_SCHEMA, PageCounts
+from rag_core.wiki.wikitext import CLEANER_VERSION
 
 PASSAGES_DIR = "passages"
 STAGING_DIR = "_staging"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rag_core.dumps import DumpSource, iter_pages
 from rag_core.errors import DumpError
-from rag_core.ingest import dump_digest
-from rag_core.multistream import iter_shard_pages, plan_shards, read_index
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.ingest import dump_digest
+from rag_core.wiki.multistream import iter_shard_pages, plan_shards, read_index
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2
 
 

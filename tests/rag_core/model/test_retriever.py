@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rag_core.dumps import DumpSource, iter_pages
-from rag_core.encoders import Encoder, EncoderConfig
-from rag_core.passages import passages_from_pages
-from rag_core.retriever import IndexRetriever, RetrieverError
+from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.model.retriever import IndexRetriever, RetrieverError
 from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.passages import passages_from_pages
 from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import save_tiny_bert
 from tests.indexfiles import publish_small_index

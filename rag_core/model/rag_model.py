@@ -9,8 +9,8 @@ look at (or replace) any of them:
    reach the question encoder while the documents stay fixed), and the
    generator inputs, one row per (question, passage).
 2. ``forward(batch, answers)`` -> per-example negative log marginal likelihood,
-   RAG-Sequence or RAG-Token (``config.kind``) by :mod:`rag_core.marginalize`.
-3. ``generate(questions)`` -> answers, by :mod:`rag_core.decoding`.
+   RAG-Sequence or RAG-Token (``config.kind``) by :mod:`rag_core.model.marginalize`.
+3. ``generate(questions)`` -> answers, by :mod:`rag_core.model.decoding`.
 
 Generator input, as in transformers' ``RagRetriever.postprocess_docs`` (the
 paper's code): ``prefix + title + " / " + text + " // " + question``, with one
@@ -55,7 +55,7 @@ Saved layout (``save_pretrained``): ``question_encoder/`` and ``generator/``
 n_docs, the index version and passage fingerprint the model was trained
 against, the config). ``from_pretrained(path, retriever)`` may load onto any
 index version whose passages the same encoder embedded (the paper's knowledge
-update); see :mod:`rag_core.question_encoder` for the compatibility rule.
+update); see :mod:`rag_core.model.question_encoder` for the compatibility rule.
 """
 
 from __future__ import annotations
@@ -71,11 +71,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from rag_core.encoders import EncoderConfig, packaged_model_path, weights_sha256
 from rag_core.errors import WikiragError
-from rag_core.marginalize import rag_sequence_nll, rag_token_nll
-from rag_core.question_encoder import QuestionEncoder
-from rag_core.retriever import IndexRetriever
+from rag_core.index.encoders import EncoderConfig, packaged_model_path, weights_sha256
+from rag_core.model.marginalize import rag_sequence_nll, rag_token_nll
+from rag_core.model.question_encoder import QuestionEncoder
+from rag_core.model.retriever import IndexRetriever
 
 log = logging.getLogger(__name__)
 
@@ -288,12 +288,12 @@ class RagModel(nn.Module):
     @torch.no_grad()
     def generate(self, questions: Sequence[str], *, n_docs: int | None = None, num_beams: int = 1,
                  max_length: int = 32, mode: Literal["thorough", "fast"] = "thorough") -> list[str]:
-        """One answer per question, by :mod:`rag_core.decoding` (in eval mode; the mode is restored after).
+        """One answer per question, by :mod:`rag_core.model.decoding` (in eval mode; the mode is restored after).
 
         RAG-Token: greedy (``num_beams=1``) or beam search over the marginal; RAG-Sequence:
         a beam search per document, candidates ranked by p(y|x), ``mode`` "thorough" or "fast".
         """
-        from rag_core.decoding import rag_sequence_generate, rag_token_generate
+        from rag_core.model.decoding import rag_sequence_generate, rag_token_generate
 
         was_training = self.training
         self.eval()

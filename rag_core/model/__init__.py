@@ -1,0 +1,1 @@
+"""The RAG model: marginalisation, the trainable question encoder, the retriever, generators, decoding."""

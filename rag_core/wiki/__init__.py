@@ -1,0 +1,1 @@
+"""The ingest stage: Wikipedia dumps (plain, bz2, multistream), wikitext cleaning, 100-word passages."""
