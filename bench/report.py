@@ -1,0 +1,76 @@
+"""What every benchmark prints about its run: the machine, the load, the command, and min/median/max.
+
+    from report import RunInfo, spread
+    info = RunInfo.start()            # hardware and load at the start
+    ...                               # the measurements (>= 3 repeats each)
+    info.finish()                     # load at the end
+    lines = info.markdown_header()    # command, date, hardware line, loads: above every table
+    f"{spread(rates)}"                # "12.1 / 12.4 / 13.0" (min / median / max)
+
+Figures in docs/benchmarks.md come only from a script's ``--markdown`` output,
+under the command that made them (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rag_core.hardware import Hardware, describe  # noqa: E402
+
+MIN_REPEATS = 3
+
+
+def spread(values: Sequence[float], fmt: str = "{:.3g}") -> str:
+    """``min / median / max`` of repeated measurements (at least :data:`MIN_REPEATS` of them)."""
+    if len(values) < MIN_REPEATS:
+        raise ValueError(f"{len(values)} measurements: a figure needs at least {MIN_REPEATS} repeats")
+    return " / ".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+@dataclass
+class RunInfo:
+    """The run's machine, command and load at start and end."""
+
+    hardware: Hardware
+    command: str
+    started: dt.datetime
+    load_end: tuple[float, float, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, argv: Sequence[str] | None = None) -> RunInfo:
+        argv = list(sys.argv if argv is None else argv)
+        script = Path(argv[0])
+        try:
+            script = script.resolve().relative_to(Path.cwd())
+        except ValueError:
+            pass
+        info = cls(describe(), shlex.join(["python", str(script), *argv[1:]]),
+                   dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+        print(f"# {info.hardware.line()}", file=sys.stderr)
+        return info
+
+    def finish(self) -> None:
+        self.load_end = os.getloadavg()
+
+    def markdown_header(self) -> list[str]:
+        """Lines above a table: the command, the date, the hardware and the load at start and end."""
+        hw = self.hardware
+        end = "?" if self.load_end is None else " / ".join(f"{x:.2f}" for x in self.load_end)
+        return [
+            f"`{self.command}` ({self.started:%Y-%m-%d %H:%M} UTC)",
+            "",
+            f"Hardware: {hw.cpu_model} [{' '.join(hw.cpu_flags) or 'no native bf16'}], torch CPU capability "
+            f"{hw.capability}, {hw.cores} cores, {hw.threads} torch threads; load average (1/5/15 min) "
+            f"{' / '.join(f'{x:.2f}' for x in hw.load)} at start, {end} at end.",
+            *self.notes,
+            "",
+        ]

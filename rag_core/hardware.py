@@ -1,0 +1,179 @@
+"""Where the code runs: the CPU's facts, and the precision every wikirag model runs in.
+
+Machines of one kind differ from day to day: an Intel CPU with AMX computes
+bf16 matmuls ~70x faster than an AMD EPYC with AVX2 only, where bf16 is
+~50x *slower* than float32 (../shared/STACK.md). So no dtype is fixed in
+code: :func:`choose_precision` decides where the model loads, once per
+process and device, and says why.
+
+The rule (:func:`decide_precision`, pure, so tests cover every branch):
+
+- an explicit ``float32`` or ``bfloat16`` wins;
+- ``auto`` on CUDA: bf16 where the device supports it, else float32;
+- ``auto`` on CPU: float32 unless torch's CPU capability is AVX512 or
+  better *and* the CPU flags show native bf16 (``avx512_bf16`` or
+  ``amx_bf16``) *and* a short timed probe (a 256x384 @ 384x1536 matmul on one
+  thread, the shape of an encoder layer) runs bf16 at least
+  :data:`MIN_BF16_SPEEDUP` times as fast as float32. The probe catches what
+  flags cannot: ``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA`` limits, a
+  hypervisor that hides AMX state, a torch build without the kernels.
+
+Faithfulness is the callers' part: bf16 weights keep cosine >= 0.999 for the
+encoders (tested in tests/rag_core/index/test_encoders.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+log = logging.getLogger("wikirag")
+
+DtypeChoice = Literal["auto", "float32", "bfloat16"]
+MIN_BF16_SPEEDUP = 1.2  # bf16 must beat float32 by this much on the probe to be chosen
+_PROBE_SHAPE = (256, 384, 1536)  # tokens x hidden @ hidden x ffn: one encoder FFN matmul
+_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A dtype and the reason it was chosen (logged once per process)."""
+
+    dtype: Literal["float32", "bfloat16"]
+    reason: str
+
+    @property
+    def torch_dtype(self):  # -> torch.dtype; torch is imported only when asked
+        import torch
+
+        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a benchmark or a run prints about the machine it ran on."""
+
+    cpu_model: str
+    capability: str  # torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, AVX512_BF16? ...
+    cpu_flags: tuple[str, ...]  # the bf16/AMX-relevant flags of /proc/cpuinfo
+    cores: int  # cores this process may run on
+    threads: int  # torch's intra-op threads
+    load: tuple[float, float, float]  # 1, 5, 15 min load average when described
+
+    def line(self) -> str:
+        """``CPU <model> [amx_bf16 avx512_bf16], torch capability AVX512, 2 cores, 1 thread, load 0.52``."""
+        flags = " ".join(self.cpu_flags) or "no native bf16"
+        return (f"CPU {self.cpu_model} [{flags}], torch capability {self.capability}, {self.cores} cores, "
+                f"{self.threads} thread{'s' if self.threads != 1 else ''}, load {self.load[0]:.2f}")
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and value.strip():
+                    model = value.strip()
+                elif key == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:  # not Linux: the probe alone decides
+        pass
+    return model, flags
+
+
+def cpu_capability() -> str:
+    """torch's CPU capability (AVX2, AVX512, ...): what its own kernels were dispatched to."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def describe() -> Hardware:
+    """The machine as this process sees it now (torch is imported)."""
+    import torch
+
+    model, flags = _cpuinfo()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    relevant = tuple(sorted(f for f in flags if f in _NATIVE_BF16_FLAGS or f.startswith("amx")))
+    return Hardware(model, cpu_capability(), relevant, cores, torch.get_num_threads(), os.getloadavg())
+
+
+def bf16_probe_speedup(repeats: int = 5) -> float:
+    """float32 time / bf16 time of one encoder-shaped matmul on one thread (best of ``repeats``).
+
+    Takes ~0.05 s where bf16 is native, up to ~0.5 s where it is emulated.
+    """
+    import torch
+
+    m, k, n = _PROBE_SHAPE
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+            torch.matmul(a, b)  # warm-up: kernel selection, oneDNN primitive creation
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                torch.matmul(a, b)
+                times.append(time.perf_counter() - start)
+                if dtype is torch.bfloat16 and times[-1] > 20 * best[torch.float32]:
+                    break  # hopeless: no need to wait for more of them
+            best[dtype] = min(times)
+        return best[torch.float32] / best[torch.bfloat16]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def decide_precision(requested: DtypeChoice, device: str, *, capability: str = "", cpu_flags: frozenset[str] = frozenset(),
+                     probe: float | None = None, cuda_bf16: bool = False) -> Precision:
+    """The rule in the module docstring, with the facts passed in (``probe``: bf16 speed-up, None = not run)."""
+    if requested != "auto":
+        return Precision(requested, "asked for explicitly")
+    if device.startswith("cuda"):
+        if cuda_bf16:
+            return Precision("bfloat16", f"{device} supports bf16")
+        return Precision("float32", f"{device} has no bf16 support")
+    native = sorted(f for f in cpu_flags if f in _NATIVE_BF16_FLAGS)
+    if not capability.upper().startswith("AVX512"):
+        return Precision("float32", f"CPU capability {capability or 'unknown'}, no native bf16 kernels")
+    if not native:
+        return Precision("float32", f"CPU capability {capability}, but no native bf16 (no avx512_bf16/amx_bf16)")
+    if probe is None:
+        return Precision("float32", f"CPU capability {capability} with {'/'.join(native)}, bf16 probe not run")
+    have = f"CPU capability {capability} with {'/'.join(native)}"
+    if probe < 1:
+        return Precision("float32", f"{have}, but bf16 probe {1 / probe:.1f}x slower")
+    if probe < MIN_BF16_SPEEDUP:
+        return Precision("float32", f"{have}, but bf16 probe only {probe:.2f}x faster (< {MIN_BF16_SPEEDUP})")
+    return Precision("bfloat16", f"{have}, bf16 probe {probe:.1f}x faster")
+
+
+@functools.cache
+def choose_precision(requested: DtypeChoice = "auto", device: str = "cpu") -> Precision:
+    """The dtype to load a model in on ``device``: decided and logged once per process (see the module)."""
+    if requested not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"dtype {requested!r}: use auto, float32 or bfloat16")
+    if requested != "auto":
+        return decide_precision(requested, device)
+    if device.startswith("cuda"):
+        import torch
+
+        precision = decide_precision("auto", device, cuda_bf16=torch.cuda.is_bf16_supported())
+    else:
+        _, flags = _cpuinfo()
+        capability = cpu_capability()
+        needs_probe = capability.upper().startswith("AVX512") and any(f in flags for f in _NATIVE_BF16_FLAGS)
+        precision = decide_precision("auto", device, capability=capability, cpu_flags=frozenset(flags),
+                                     probe=bf16_probe_speedup() if needs_probe else None)
+    log.info("model dtype %s on %s: %s", precision.dtype, device, precision.reason)
+    return precision
