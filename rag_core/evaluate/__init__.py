@@ -22,4 +22,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'rag_core.evaluate' has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "DEFAULT_KS", "HEADLINE", "EvaluationError", "QBleuWeights", "RetrievedPassage", "answerability", "bleu1",
+    "exact_match", "f1_score", "has_answer", "label_match", "normalize_answer", "qbleu1", "regex_match",
+    "retrieval_scores", "retrieved_passages", "rouge_l", "score",
+]

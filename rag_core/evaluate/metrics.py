@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from rag_core.errors import WikiragError
 from rag_core.evaluate.normalize import normalize_answer
-from rag_core.evaluate.qbleu import QBleuWeights, qbleu1
+from rag_core.evaluate.qbleu import SQUAD_WEIGHTS, QBleuWeights, qbleu1
 from rag_core.evaluate.retrieval import RetrievedPassage, retrieval_scores
 from rag_core.train.examples import Example
 from rag_core.train.loaders import TASK_KINDS
@@ -136,7 +136,7 @@ def _check(kind: str, examples: Sequence[Example], predictions: Sequence[str],
 
 def score(kind: str, examples: Sequence[Example], predictions: Sequence[str],
           retrieved: Sequence[Sequence[RetrievedPassage]] | None = None,
-          *, ks: Sequence[int] = DEFAULT_KS, qbleu_weights: QBleuWeights = QBleuWeights()) -> dict[str, float]:
+          *, ks: Sequence[int] = DEFAULT_KS, qbleu_weights: QBleuWeights = SQUAD_WEIGHTS) -> dict[str, float]:
     """The task's metrics for ``predictions[i]`` of ``examples[i]`` (and ``retrieved[i]``, best first).
 
     Always includes ``HEADLINE[kind]`` and ``examples`` (the count).

@@ -43,18 +43,20 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 CLASSES = ("ne", "qt", "re", "fw")
 QUESTION_WORDS = frozenset({"what", "which", "why", "who", "whom", "whose", "where", "when", "how"})
 # Closed-class English words (determiners, pronouns, prepositions, conjunctions, auxiliaries).
-FUNCTION_WORDS = frozenset("""
-a an the this that these those some any each every no both either neither all such own same other
-i me my mine myself we us our ours ourselves you your yours yourself yourselves he him his himself she her hers
-herself it its itself they them their theirs themselves one
-in on at by for from to of with without into onto upon about above below over under between among through
-during before after since until till against toward towards across along around behind beyond near off out up
-down via per than as
-and or but nor so yet if then else because while whereas although though unless whether once
-is am are was were be been being have has had having do does did doing will would shall should can could may
-might must ought
-not very too also just only here there again further more most less least few s t don
-""".split())
+FUNCTION_WORDS = frozenset([
+    "a", "an", "the", "this", "that", "these", "those", "some", "any", "each", "every", "no", "both", "either",
+    "neither", "all", "such", "own", "same", "other", "i", "me", "my", "mine", "myself", "we", "us", "our", "ours",
+    "ourselves", "you", "your", "yours", "yourself", "yourselves", "he", "him", "his", "himself", "she", "her",
+    "hers", "herself", "it", "its", "itself", "they", "them", "their", "theirs", "themselves", "one", "in", "on",
+    "at", "by", "for", "from", "to", "of", "with", "without", "into", "onto", "upon", "about", "above", "below",
+    "over", "under", "between", "among", "through", "during", "before", "after", "since", "until", "till",
+    "against", "toward", "towards", "across", "along", "around", "behind", "beyond", "near", "off", "out", "up",
+    "down", "via", "per", "than", "as", "and", "or", "but", "nor", "so", "yet", "if", "then", "else", "because",
+    "while", "whereas", "although", "though", "unless", "whether", "once", "is", "am", "are", "was", "were", "be",
+    "been", "being", "have", "has", "had", "having", "do", "does", "did", "doing", "will", "would", "shall",
+    "should", "can", "could", "may", "might", "must", "ought", "not", "very", "too", "also", "just", "only", "here",
+    "there", "again", "further", "more", "most", "less", "least", "few", "s", "t", "don"
+])
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class QBleuWeights:
     @property
     def fw(self) -> float:  # function words get what is left
         return 1.0 - self.ne - self.qt - self.re
+
+
+SQUAD_WEIGHTS = QBleuWeights()
 
 
 @functools.cache
@@ -104,7 +109,7 @@ def word_classes(tokens: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def answerability(generated: str, reference: str, weights: QBleuWeights = QBleuWeights()) -> float:
+def answerability(generated: str, reference: str, weights: QBleuWeights = SQUAD_WEIGHTS) -> float:
     """The paper's answerability: the F1 of the class-weighted precision and recall."""
     gen, ref = word_classes(words(generated)), word_classes(words(reference))
     precision = recall = 0.0
@@ -120,7 +125,7 @@ def answerability(generated: str, reference: str, weights: QBleuWeights = QBleuW
     return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
 
 
-def qbleu1(generated: str, references: Sequence[str], weights: QBleuWeights = QBleuWeights()) -> float:
+def qbleu1(generated: str, references: Sequence[str], weights: QBleuWeights = SQUAD_WEIGHTS) -> float:
     """Q-BLEU-1 of one generated clue in [0, 1]: the best over the references."""
     hyp = " ".join(words(generated)).lower()
     best = 0.0

@@ -17,6 +17,8 @@ are found from what the text shows.
   and a train question whose normalised input equals a dev one is dropped.
 - **Deterministic given the seed**: the held-out pages and each passage's
   draw depend on ``seed`` and the ids only, not on the order of the table.
+- **Any size**: :func:`cloze_task` streams the passage set in blocks and,
+  with ``max_passages``, asks only of a seeded sample of passages.
 """
 
 from __future__ import annotations
@@ -27,16 +29,19 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
 from rag_core.evaluate.normalize import normalize_answer
 from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance
-from rag_core.wiki.ingest import read_passages
+from rag_core.wiki.ingest import read_passage_rows, read_passages
 
 SPAN_KINDS = ("date", "number", "name")
+_COLUMNS = ("passage_id", "page_id", "title", "text")
 _MONTH = "January|February|March|April|May|June|July|August|September|October|November|December"
 _DATE = re.compile(
     rf"\b(?:\d{{1,2}} (?:{_MONTH}),? \d{{3,4}}|(?:{_MONTH}) \d{{1,2}}, \d{{3,4}}|(?:{_MONTH}) \d{{3,4}}"
@@ -47,13 +52,17 @@ _CAP = r"[A-ZÀ-ÖØ-Þ][\w'’.-]*[\w]|[A-ZÀ-ÖØ-Þ]"
 _CONNECTOR = r"of|de|du|da|del|della|der|den|van|von|la|le|al|y"  # not "the", "and": they join two names
 _NAME = re.compile(rf"(?<![\w'’-])(?:{_CAP})(?:\s+(?:(?:{_CONNECTOR})\s+)?(?:{_CAP}))+(?![\w'’-])")
 # Capitalised words that start sentences or stand alone, not parts of names.
-_NOT_NAME = frozenset(
-    "a an the in on at by for from to of and or but as after before during since until with without this that these "
-    "those his her its their he she it they we i there here when while where which who what how although though if "
-    "many some most several other another one two three however also".split()
-)
-_ABBREVIATIONS = frozenset("mr mrs ms dr st jr sr vs etc e.g i.e no vol pp u.s c ca gen col lt sgt capt prof inc ltd "
-                           "co mt ft fig approx".split())
+_NOT_NAME = frozenset([
+    "a", "an", "the", "in", "on", "at", "by", "for", "from", "to", "of", "and", "or", "but", "as", "after",
+    "before", "during", "since", "until", "with", "without", "this", "that", "these", "those", "his", "her", "its",
+    "their", "he", "she", "it", "they", "we", "i", "there", "here", "when", "while", "where", "which", "who",
+    "what", "how", "although", "though", "if", "many", "some", "most", "several", "other", "another", "one", "two",
+    "three", "however", "also"
+])
+_ABBREVIATIONS = frozenset([
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "no", "vol", "pp", "u.s", "c", "ca",
+    "gen", "col", "lt", "sgt", "capt", "prof", "inc", "ltd", "co", "mt", "ft", "fig", "approx"
+])
 _OPENERS = frozenset(" (\"'“‘$£€")  # what may stand right before a span
 _CLOSERS = frozenset(" ,.;)!?\"'”’%")  # and right after it
 _POSSESSIVE = re.compile(r"['’]s\b")  # "Hugo's" gives "Hugo" away
@@ -67,8 +76,9 @@ class ClozeConfig(BaseModel):
     dev_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # share of pages (articles) whose questions form the dev set
     per_passage: int = Field(1, ge=1)  # questions drawn from one passage, from different sentences
     min_sentence_words: int = Field(6, ge=3)  # shorter sentences give the question too little context
-    span_kinds: tuple[str, ...] = SPAN_KINDS  # which salient spans to mask
+    span_kinds: tuple[Literal["date", "number", "name"], ...] = SPAN_KINDS  # which salient spans to mask
     mask: str = "[MASK]"  # stands for the span in the input
+    max_passages: int | None = Field(None, ge=1)  # draw from a seeded sample of about this many passages; None = all
 
 
 @dataclass(frozen=True)
@@ -189,16 +199,16 @@ def passage_questions(passage_id: str, page_id: int, title: str, text: str,
     return out
 
 
-def cloze_examples(passages: pa.Table, config: ClozeConfig | None = None) -> ClozeTask:
-    """Train and dev cloze questions from a passages table (passage_id, page_id, title, text)."""
-    config = config or ClozeConfig()
-    columns = {name: passages.column(name).to_pylist() for name in ("passage_id", "page_id", "title", "text")}
-    held = dev_pages(columns["page_id"], config)
+def _draw(blocks: Iterable[pa.Table], held: set[int], keep: float, config: ClozeConfig) -> ClozeTask:
     drawn: dict[str, dict[str, tuple[str, Example]]] = {"train": {}, "dev": {}}  # normalised input -> question
-    for passage_id, page_id, title, text in zip(*columns.values(), strict=True):
-        split = drawn["dev" if page_id in held else "train"]
-        for kind, example in passage_questions(passage_id, page_id, title, text, config):
-            split.setdefault(normalize_answer(example.input), (kind, example))  # a repeated sentence asks once
+    for block in blocks:
+        columns = [block.column(name).to_pylist() for name in _COLUMNS]
+        for passage_id, page_id, title, text in zip(*columns, strict=True):
+            if keep < 1.0 and _unit(config.seed, f"passage:{passage_id}") >= keep:
+                continue
+            split = drawn["dev" if page_id in held else "train"]
+            for kind, example in passage_questions(passage_id, page_id, title, text, config):
+                split.setdefault(normalize_answer(example.input), (kind, example))  # a repeated sentence asks once
     # Two articles can share a sentence: such a question must not be in both splits.
     train = [q for key, q in drawn["train"].items() if key not in drawn["dev"]]
     dev = list(drawn["dev"].values())
@@ -206,7 +216,29 @@ def cloze_examples(passages: pa.Table, config: ClozeConfig | None = None) -> Clo
     return ClozeTask([e for _, e in train], [e for _, e in dev], held, counts)
 
 
-def cloze_task(store: Store, dump_id: str, config: ClozeConfig | None = None) -> ClozeTask:
-    """Cloze questions from a published passage set (``rag_core.wiki.ingest.read_passages``)."""
-    passages = read_passages(store, dump_id, columns=["passage_id", "page_id", "title", "text"])
-    return cloze_examples(passages, config)
+def _keep(n_passages: int, config: ClozeConfig) -> float:
+    return 1.0 if config.max_passages is None else min(1.0, config.max_passages / max(n_passages, 1))
+
+
+def cloze_examples(passages: pa.Table, config: ClozeConfig | None = None) -> ClozeTask:
+    """Train and dev cloze questions from a passages table (passage_id, page_id, title, text)."""
+    config = config or ClozeConfig()
+    held = dev_pages(passages.column("page_id").to_pylist(), config)
+    return _draw([passages], held, _keep(passages.num_rows, config), config)
+
+
+def cloze_task(store: Store, dump_id: str, config: ClozeConfig | None = None, *,
+               block_rows: int = 50_000) -> ClozeTask:
+    """Cloze questions from a published passage set, read ``block_rows`` passages at a time.
+
+    Only the page ids of the whole set are in memory at once (to choose the held-out pages);
+    titles and texts stream through. With ``max_passages`` a seeded sample of passages is read
+    for questions, so a full Wikipedia (21M passages) gives a task of a chosen size.
+    """
+    config = config or ClozeConfig()
+    page_ids = read_passages(store, dump_id, columns=["page_id"]).column("page_id")
+    held = dev_pages(pc.unique(page_ids).to_pylist(), config)
+    n = len(page_ids)
+    blocks = (read_passage_rows(store, dump_id, start, min(start + block_rows, n), columns=list(_COLUMNS))
+              for start in range(0, n, block_rows))
+    return _draw(blocks, held, _keep(n, config), config)

@@ -169,7 +169,7 @@ def _kilt(url: str, text: str) -> Iterator[Example]:
     fmt = TASK_KINDS["kilt"].format
     for where, obj in jsonl_records(url, text, fmt):
         obj = as_object(obj, where)
-        qid, question = get_text(obj, "id", where), get_text(obj, "input", where)
+        qid, question = str(get_field(obj, "id", (str, int), where)), get_text(obj, "input", where)
         answers: list[str] = []
         pages: list[Provenance] = []
         for j, out in enumerate(get_field(obj, "output", list, where)):
@@ -200,8 +200,9 @@ def _examples(kind: str) -> Callable[[str, str], Iterator[Example]]:
             provenance = get_field(obj, "provenance", list, where) if "provenance" in obj else []
             if not all(isinstance(p, dict) for p in provenance):
                 raise where.error("field 'provenance' is not a list of objects")
+            optional = {key: get_text(obj, key, where) for key in ("answer_regex", "label") if key in obj}
             yield Example(get_text(obj, "id", where), get_text(obj, "input", where), get_texts(obj, "targets", where),
-                          kind, provenance=provenance_from_json(provenance))
+                          kind, provenance=provenance_from_json(provenance), **optional)
 
     return parse
 

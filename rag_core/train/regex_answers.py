@@ -15,7 +15,7 @@ does.
 from __future__ import annotations
 
 import re
-from re import _constants as C  # noqa: N812
+from re import _constants as C
 from re import _parser
 from typing import Any
 

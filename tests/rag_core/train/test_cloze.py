@@ -10,7 +10,7 @@ import pytest
 from rag_core.evaluate.normalize import normalize_answer
 from rag_core.evaluate.retrieval import has_answer
 from rag_core.storage import Store
-from rag_core.train import ClozeConfig, cloze_examples, cloze_task, load_task, write_examples
+from rag_core.train import ClozeConfig, Example, Provenance, cloze_examples, cloze_task, load_task, write_examples
 from rag_core.train.cloze import guessable, salient_spans, sentences
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import publish, read_passages, stage_part
@@ -85,9 +85,21 @@ def test_deterministic_given_the_seed(store: Store, task) -> None:
     assert len(two.train) > len(base.train) and two.dev_pages == base.dev_pages
 
 
+def test_streamed_in_blocks_and_sampled(store: Store, task) -> None:
+    streamed = cloze_task(store, DUMP_ID, ClozeConfig(seed=7), block_rows=700)  # 7 blocks of a 4,391-row set
+    assert streamed.train == task.train and streamed.dev == task.dev
+    sampled = cloze_task(store, DUMP_ID, ClozeConfig(seed=7, max_passages=500))
+    assert sampled.dev_pages == task.dev_pages  # the held-out pages do not depend on the sample
+    assert 250 < len(sampled.train) + len(sampled.dev) < 600
+    assert sampled == cloze_task(store, DUMP_ID, ClozeConfig(seed=7, max_passages=500))
+
+
 def test_round_trip_through_the_examples_file(task, tmp_path: Path) -> None:
     url = write_examples(task.dev, str(tmp_path / "cloze" / "dev.jsonl"))
     assert load_task("cloze", url) == task.dev
+    every_field = Example("x", "T: [MASK] is.", ("a", "b"), "cloze", answer_regex="a|b", label="L",
+                          provenance=(Provenance("1", "T", "1-2-3"), Provenance(title="U")))
+    assert load_task("cloze", write_examples([every_field], str(tmp_path / "all.jsonl"))) == [every_field]
 
 
 @pytest.mark.parametrize(("sentence", "spans"), [

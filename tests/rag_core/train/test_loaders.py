@@ -79,8 +79,8 @@ def test_jeopardy_generates_the_clue_from_the_answer() -> None:
     examples = _load("jeopardy", "searchqa/jeopardy_tiny.json")
     assert len(examples) == 7
     assert examples[0].input == "Copernicus"
-    assert examples[0].targets == ("For the last 8 years of his life, Galileo was under house arrest for espousing "
-                                   "this man's theory",)  # the dump's surrounding quotes are gone
+    clue = "For the last 8 years of his life, Galileo was under house arrest for espousing this man's theory"
+    assert examples[0].targets == (clue,)  # the dump's surrounding quotes are gone
     assert examples[3].input == "McDonald's"  # the dump writes McDonald\'s
 
 
