@@ -34,6 +34,12 @@ _LAZY = {
     "GeneratorConfig": "rag_core.model.rag_model",
     "RetrievalBatch": "rag_core.model.rag_model",
     "QuestionEncoder": "rag_core.model.question_encoder",
+    # task data and metrics: sacrebleu and rouge-score load with the metrics, not with rag_core
+    **dict.fromkeys(("Example", "Provenance", "TaskDataError", "write_examples"), "rag_core.train.examples"),
+    **dict.fromkeys(("TASK_KINDS", "load_task"), "rag_core.train.loaders"),
+    **dict.fromkeys(("ClozeConfig", "cloze_task"), "rag_core.train.cloze"),
+    **dict.fromkeys(("HEADLINE", "score"), "rag_core.evaluate.metrics"),
+    "RetrievedPassage": "rag_core.evaluate.retrieval",
 }
 
 
