@@ -1,0 +1,1 @@
+"""Training: task data, the fine-tuning recipe, checkpoints, run tracking."""
