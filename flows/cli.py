@@ -340,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     passages = sub.add_parser("passages", help="list the published passage sets of a store")
     passages.add_argument("--store", help="store URL (default <home>/store)")
     passages.set_defaults(func=cmd_passages)
+
+    from flows.services import add_parser as add_services
+
+    add_services(sub)
     return parser
 
 

@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from flows.process_groups import die_with_parent, stop_process_group
 from rag_core.errors import WikiragError
 
 log = logging.getLogger("wikirag.prefect")
@@ -54,14 +54,6 @@ def _flush_to_api() -> None:
         EventsWorker.drain_all(timeout=5)
 
 
-def _die_with_parent() -> None:
-    # Linux: a command killed outright (SIGKILL) must not leave its server behind.
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
             persistent: bool = False) -> tuple[subprocess.Popen, str]:
     """Start `prefect server start` on loopback in its own session; wait until it answers."""
@@ -74,35 +66,17 @@ def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
         proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             env=env, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=None if persistent else _die_with_parent,
+            start_new_session=True, preexec_fn=None if persistent else die_with_parent,
         )
     deadline = time.monotonic() + startup_timeout
     while not _healthy(url):
         if proc.poll() is not None:
             raise WikiragError(f"the local Prefect server exited (code {proc.returncode}); see {log_path}")
         if time.monotonic() > deadline:
-            _stop(proc.pid)
+            stop_process_group(proc.pid)
             raise WikiragError(f"the local Prefect server did not answer within {startup_timeout:.0f} s; see {log_path}")
         time.sleep(0.3)
     return proc, url
-
-
-def _stop(pid: int, timeout: float = 20.0) -> None:
-    """Stop a server we started: its whole process group, politely first."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def _record(prefect_home: Path) -> Path:
@@ -137,7 +111,7 @@ def stop_workspace_server(prefect_home: Path) -> bool:
     record.unlink()
     if not _healthy(info["url"]):
         return False  # gone already; its pid may belong to another process by now
-    _stop(info["pid"])
+    stop_process_group(info["pid"])
     return True
 
 
@@ -159,5 +133,5 @@ def prefect_api(prefect_home: Path, startup_timeout: float = 90.0) -> Iterator[s
         _flush_to_api()
         if os.environ.get("PREFECT_API_URL") == url:
             del os.environ["PREFECT_API_URL"]
-        _stop(proc.pid)  # only what we started: the server's own process group
+        stop_process_group(proc.pid)  # only what we started: the server's own process group
         proc.wait()

