@@ -127,6 +127,7 @@ def _log_counts(settings: Settings, url: str) -> None:
 
 def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConfig, IndexConfig, GateConfig]) -> str:
     from flows.prefect_api import prefect_api
+    from rag_core.index.versions import read_index_manifest
 
     ingest, embed, index, gate = configs
     log.info("rebuilding the index of %s in %s (encoder %s, factory %s)", ingest.dump, settings.store_url,
@@ -140,8 +141,6 @@ def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConf
         runner = dask_runner(settings.dask_address, settings.workers)
         version = index_rebuild.with_options(task_runner=runner)(
             ingest_config=ingest, store=settings.store_access(), embed=embed, index=index, gate=gate)
-    from rag_core.index.versions import read_index_manifest
-
     manifest = read_index_manifest(settings.open_store(), version)
     recall = next((v for k, v in manifest.gates.items() if k.startswith("recall:")), None)
     log.info("published index %s: %s passages in %d shards, %s, recall@10 %s; LATEST points at it",

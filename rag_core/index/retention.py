@@ -171,6 +171,11 @@ def delete_version(store: Store, version: str, *, force: bool = False) -> Remove
         if unreadable:  # what they reference is unknown: keep every shared file rather than guess
             removed.notes.append(f"embedding files kept: unreadable manifests of {', '.join(unreadable)}")
             others.update(own)
+        building = {f"{EMBEDDINGS_DIR}/{f}" for v in unpublished_versions(store) for f in planned_folders(store, v)}
+        if busy := [p for p in own if p not in others and any(p.startswith(f) for f in building)]:
+            removed.notes.append(f"{len(busy)} embedding files kept: a build in progress may use them (gc collects "
+                                 "them once it is abandoned)")
+            others.update(busy)
         removed.kept, own = sorted(p for p in own if p in others), [p for p in own if p not in others]
         if held:  # forced: LATEST steps back first, so readers of LATEST never meet a missing version
             rest = [v for v in list_versions(store) if v != version]
@@ -188,6 +193,22 @@ def delete_version(store: Store, version: str, *, force: bool = False) -> Remove
     removed.files.update({f"{INDEXES_DIR}/{version}/{name}": size for name, (size, _) in folder.items()})
     remove_embedding_files(store, own, removed)
     return removed
+
+
+# -- builds in progress and garbage collection -------------------------------------------
+def planned_folders(store: Store, version: str) -> list[str]:
+    """The embedding folders (``<fingerprint_id>/<dump_id>/``) an unpublished version's build writes or reads."""
+    try:
+        plan = store.child(INDEXES_DIR, version).read_json(PLAN)
+        return [f"{plan['fingerprint_id']}/{d}/" for d in (plan["dump_id"], plan.get("reuse_from")) if d]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # no plan (or a damaged one): nothing to protect
+        return []
+
+
+def unpublished_versions(store: Store) -> list[str]:
+    """Version folders without a manifest: builds in progress, or leftovers of killed ones."""
+    indexes = store.child(INDEXES_DIR)
+    return [n for n in indexes.list() if n != LATEST and not n.startswith("_") and not indexes.exists(n, MANIFEST)]
 
 
 # -- garbage collection ----------------------------------------------------------------
@@ -211,17 +232,8 @@ def collect_garbage(store: Store, config: CleanupConfig | None = None, *, now: f
 
     live: set[str] = set()  # embedding folders a running build reads or writes
     indexes = store.child(INDEXES_DIR)
-    for name in indexes.list():
-        if name == LATEST or name.startswith("_") or indexes.exists(name, MANIFEST):
-            continue
-        files = indexes.files(name)
-        folders = []
-        if PLAN in files:
-            try:
-                plan = indexes.read_json(name, PLAN)
-                folders = [f"{plan['fingerprint_id']}/{d}/" for d in (plan["dump_id"], plan.get("reuse_from")) if d]
-            except (ValueError, KeyError, TypeError):
-                pass
+    for name in unpublished_versions(store):
+        files, folders = indexes.files(name), planned_folders(store, name)
         if max([newest(files), *(newest(embeddings, f) for f in folders)]) > cutoff:
             live.update(folders)
             removed.notes.append(f"kept {INDEXES_DIR}/{name}: unpublished, but a build wrote to it recently")

@@ -149,13 +149,18 @@ def publish_manifest(
     shards = sorted((ShardEntry.model_validate(e) for e in entries), key=lambda e: e.shard)
     if not shards or [e.shard for e in shards] != list(range(len(shards))):
         raise IndexVersionError(f"{root.url}: shards must be numbered 0..n-1, got {[e.shard for e in shards]}")
+    present = set(root.list())
     for entry in shards:
         for name in (entry.url, entry.ids_url):
-            if not root.exists(name):
+            if name not in present:
                 raise IndexVersionError(f"{root.url_of(name)}: shard file missing; write every shard before publishing")
-        for path in entry.embeddings.paths() if entry.embeddings else ():
-            if not store.exists(path):
-                raise IndexVersionError(f"{store.url_of(path)}: embedding file missing; rebuild the version")
+    listed: dict[str, set[str]] = {}  # one listing per embedding folder, not a request per file
+    for path in (p for e in shards if e.embeddings for p in e.embeddings.paths()):
+        folder, _, name = path.rpartition("/")
+        if folder not in listed:
+            listed[folder] = set(store.list(folder))
+        if name not in listed[folder]:
+            raise IndexVersionError(f"{store.url_of(path)}: embedding file missing (deleted meanwhile?); rebuild")
     created = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     manifest = IndexManifest(**fields, version=version, created_at=created, count=sum(e.count for e in shards),
                              shards=shards)

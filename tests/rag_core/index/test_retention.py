@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_core.index.build import build_version
+from rag_core.index.build import build_version, plan_version
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
@@ -140,3 +140,20 @@ def test_gc_collects_abandoned_leftovers_only(tmp_path: Path) -> None:
     ]) and removed.bytes == 10 + 4 + 4 + 5 + removed.files[f"embeddings/{'f' * 16}/d1/rows-0000000010-0000000020.json"]
     assert list_versions(store) == [version] and verify_version(store, version) == 2
     assert sorted(p.name for p in (tmp_path / "indexes").iterdir()) == sorted([version, "LATEST"])
+
+
+def test_delete_leaves_the_files_a_build_in_progress_may_use(wiki: Path, tmp_path: Path, tiny: Encoder) -> None:
+    store = Store(str(tmp_path))
+    publish_passages(store, "d1", sample_passages().slice(0, 20))
+    embed = EmbedConfig(encoder=tiny.config, shards=2)
+    v1 = build_version(store, "d1", embed, IndexConfig(factory="Flat"), encoder=tiny)
+    bare(store)  # LATEST moves on
+    files = [p for e in read_index_manifest(store, v1).shards for p in e.embeddings.paths()]
+    plan = plan_version(store, "d1", embed, encoder=tiny)  # a rebuild that will find these ranges done
+
+    removed = delete_version(store, v1)
+    assert removed.kept == sorted(files) and all(store.exists(p) for p in files)
+    assert removed.notes == [("4 embedding files kept: a build in progress may use them (gc collects them once it "
+                             "is abandoned)")]
+    abandoned = collect_garbage(store, now=max(m for _, m in store.files().values()) + 2 * DAY)
+    assert set(files) <= set(abandoned.files) and f"indexes/{plan.version}/plan.json" in abandoned.files
