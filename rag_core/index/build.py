@@ -138,7 +138,8 @@ def plan_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, i
                  gate: GateConfig | None = None, *, encoder: PassageEncoder | None = None) -> IndexPlan:
     """Count the passages, fingerprint the encoder, cut the shards, name the version and record the plan.
 
-    ``encoder`` (default: loaded from ``embed.encoder``) gives the fingerprint;
+    ``encoder`` (default: loaded from ``embed.encoder``) gives the fingerprint
+    (and the config recorded, when it has one);
     the plan is written to ``indexes/<version>/plan.json`` so that cleanup can
     tell a running build from an abandoned one.
     """
@@ -148,9 +149,10 @@ def plan_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, i
         raise StoreError(f"{store.url_of(PASSAGES_DIR, dump_id)}: no published passages; run ingest first")
     n = int(passages["counts"]["passages"])
     encoder = encoder or load_encoder(embed.encoder)
+    config = encoder.config if isinstance(getattr(encoder, "config", None), EncoderConfig) else embed.encoder
     plan = IndexPlan(
         dump_id=dump_id, passages_url=store.url_of(PASSAGES_DIR, dump_id), dump=passages["dump"], n_passages=n,
-        num_shards=embed.num_shards(n), encoder=embed.encoder, fingerprint=encoder.fingerprint,
+        num_shards=embed.num_shards(n), encoder=config, fingerprint=encoder.fingerprint,
         fingerprint_id=encoder.fingerprint_id, dim=encoder.dim, index=index, gate=gate, version=new_version_id(),
         reuse_from=embed.reuse_from or previous_dump(store, encoder.fingerprint_id, dump_id),
     )

@@ -130,7 +130,7 @@ def parse_manifest(data: bytes, where: str) -> IndexManifest:
     schema = obj.get("schema_version", obj.get("format"))
     if schema != SCHEMA_VERSION:
         if schema == 1:
-            fix = "it predates embedding references: rebuild it (no passage is encoded again) and delete it"
+            fix = "it predates embedding references: rebuild the index, then delete this version"
         else:
             fix = "written by another wikirag: use that release to read it, or rebuild the index"
         raise ManifestError(f"{where}: manifest schema version {schema!r}, this wikirag reads {SCHEMA_VERSION}; {fix}")

@@ -50,7 +50,7 @@ def test_publish_writes_a_typed_manifest(tmp_path: Path) -> None:
     (lambda m: m.replace(b'"schema_version": 2', b'"schema_version": 3'), ("manifest schema version 3, this wikirag "
      "reads 2; written by another wikirag")),
     (lambda m: m.replace(b'"schema_version": 2', b'"format": 1'), ("manifest schema version 1, this wikirag reads 2; "
-     "it predates embedding references: rebuild it")),
+     "it predates embedding references: rebuild the index")),
     (lambda m: m.replace(b'"ids_sha256"', b'"ids_sha"'), r"field 'shards\.0\.ids_sha256': Field required"),
     (lambda m: m.replace(b'"dim": 8', b'"dim": "eight"'), "field 'dim': Input should be a valid integer"),
     (lambda m: m.replace(b'"metric": "ip"', b'"metric": "cosine"'), "field 'metric': Input should be 'ip' or 'l2'"),
