@@ -66,17 +66,16 @@ def rebuild(address: str, dump: tuple[Path, Path], store: str) -> tuple[str, flo
 
 
 def embedding_counts(store_url: str, version: str) -> dict[str, int]:
-    from rag_core.index.embeddings import done_shards, embeddings_store
-    from rag_core.index.versions import read_manifest
+    from rag_core.index.embeddings import range_record
+    from rag_core.index.versions import read_index_manifest
     from rag_core.storage import Store
 
     store = Store(store_url)
-    manifest = read_manifest(store, version)
-    root = embeddings_store(store, manifest["fingerprint_id"], manifest["dump_id"])
-    records = [root.read_json(f"shard-{s:05d}.json")
-               for s in done_shards(store, manifest["fingerprint_id"], manifest["dump_id"])]
-    return {"passages": manifest["count"], "encoded": sum(r["encoded"] for r in records),
-            "reused": sum(r["reused"] for r in records), "shards": len(manifest["shards"])}
+    m = read_index_manifest(store, version)
+    records = [range_record(store, m.fingerprint_id, m.dump_id, e.embeddings.start, e.embeddings.stop)
+               for e in m.shards]
+    return {"passages": m.count, "encoded": sum(r["encoded"] for r in records),
+            "reused": sum(r["reused"] for r in records), "shards": len(m.shards)}
 
 
 def changed_articles(a: Path, b: Path) -> tuple[int, int]:

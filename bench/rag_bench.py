@@ -90,14 +90,13 @@ def index_version(passages: int):
     store, marker = Store(str(root / "store")), root / "version.txt"
     if marker.is_file():
         return store, marker.read_text().strip()
-    from rag_core.index.encoders import Encoder, EncoderConfig
-    from rag_core.wiki.dumps import DumpSource, iter_pages
-    from rag_core.wiki.passages import passages_from_pages
-    from tests.indexfiles import publish_small_index
+    from rag_core.index.build import build_version
+    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.faiss_index import IndexConfig
+    from tests.passagefiles import publish_passages, sample_passages
 
-    table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE))))[0]
-    table = table.slice(0, passages).select(["passage_id", "title", "text"])
-    version = publish_small_index(store, "sample", table, Encoder.load(EncoderConfig()), shards=1)
+    publish_passages(store, "sample", sample_passages().slice(0, passages))
+    version = build_version(store, "sample", EmbedConfig(shards=1), IndexConfig(factory="Flat"))
     marker.write_text(version)
     return store, version
 

@@ -3,6 +3,11 @@
 ingest (its own gates) -> embed each passage shard on Dask -> gate the
 embeddings -> build one FAISS index per shard on Dask -> gate counts and
 recall -> publish (manifest last, then LATEST) -> summary artifact
+
+``index_rebuild`` takes everything as parameters (no environment is read
+here); the deployment's entry point, ``deployed_index_rebuild``, reads the
+worker's settings once and passes them in. Without Prefect, the same build is
+``rag_core.index.build.build_version``.
 """
 
 from __future__ import annotations
@@ -10,11 +15,11 @@ from __future__ import annotations
 from prefect import flow, task, unmapped
 from prefect.futures import wait
 
-from flows.ingest import _default_runner, dask_runner, ingest
-from flows.settings import Settings, quiet_environment
+from flows.ingest import dask_runner, ingest
+from flows.settings import Settings, StoreAccess, quiet_environment
+from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
-from rag_core.storage import Store
 from rag_core.wiki.ingest import IngestConfig
 from tasks.index import build_index_shard, embed_passages, plan_index, publish_index, summarize_index
 from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
@@ -30,27 +35,26 @@ def scheduler_address() -> str:
     return get_worker().scheduler.address
 
 
-@flow(name="index_rebuild", task_runner=_default_runner(), validate_parameters=True)
+@flow(name="index_rebuild", task_runner=dask_runner(None, None), validate_parameters=True)
 def index_rebuild(
     ingest_config: IngestConfig,
+    store: StoreAccess,
     embed: EmbedConfig = EmbedConfig(),  # noqa: B008 - pydantic defaults are immutable values here
     index: IndexConfig = IndexConfig(),  # noqa: B008
-    store: str | None = None,
-    recall_queries: int = 1000,
+    gate: GateConfig = GateConfig(),  # noqa: B008
 ) -> str:
     """Rebuild the index from a dump; returns the version published (now LATEST).
 
-    Vectors of passages unchanged since the dump behind the current LATEST are
-    reused (same encoder fingerprint); a rerun after a crash skips finished
-    shards. Credentials come from the environment (AWS_* for s3://).
+    No passage is encoded twice: finished embedding ranges of this passage set
+    (any shard count) and the vectors of passages unchanged since the dump
+    behind the current LATEST are reused (same encoder fingerprint); a rerun
+    after a crash skips finished shards. Published versions are never touched.
     """
-    settings = Settings()
-    target = Store(store or settings.store_url, settings.storage_options(store or settings.store_url))
-
+    target = store.store()
     address = scheduler_address.submit().result()
-    passages_url = ingest.with_options(task_runner=dask_runner(address, 0))(config=ingest_config, store=store)
+    passages_url = ingest.with_options(task_runner=dask_runner(address, None))(config=ingest_config, store=store)
 
-    plan = plan_index(target, passages_url, embed, index, recall_queries)
+    plan = plan_index(target, passages_url, embed, index, gate)
     shard_ids = list(range(plan.num_shards))
     embedding_runs = embed_passages.map(unmapped(target), unmapped(plan), shard_ids)
     wait(embedding_runs)  # finished shards stay on the store even when one fails: a rerun skips them
@@ -66,3 +70,17 @@ def index_rebuild(
     version = publish_index(target, plan, built, gates)
     summarize_index(plan, embedded, built, version, gates)
     return version
+
+
+@flow(name="index_rebuild-deployment", validate_parameters=True)
+def deployed_index_rebuild(
+    ingest_config: IngestConfig,
+    embed: EmbedConfig = EmbedConfig(),  # noqa: B008
+    index: IndexConfig = IndexConfig(),  # noqa: B008
+    gate: GateConfig = GateConfig(),  # noqa: B008
+) -> str:
+    """The deployment's entry point: the worker's settings, read once, then ``index_rebuild`` on its Dask cluster."""
+    settings = Settings()
+    runner = dask_runner(settings.dask_address, settings.workers)
+    return index_rebuild.with_options(task_runner=runner)(ingest_config=ingest_config, store=settings.store_access(),
+                                                          embed=embed, index=index, gate=gate)

@@ -2,6 +2,10 @@
 
 plan (checksum, index, shards) -> parse/clean/chunk each shard on Dask ->
 gate each part and the ids across parts -> publish (parts, then manifest)
+
+``ingest`` takes everything as parameters (no environment is read here); the
+deployment's entry point, ``deployed_ingest``, reads the worker's settings once
+and passes them in.
 """
 
 from __future__ import annotations
@@ -10,8 +14,7 @@ from prefect import flow, unmapped
 from prefect.futures import wait
 from prefect_dask import DaskTaskRunner
 
-from flows.settings import Settings, quiet_environment
-from rag_core.storage import Store
+from flows.settings import Settings, StoreAccess, quiet_environment
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.ingest import IngestConfig
 from tasks.ingest import (
@@ -28,8 +31,11 @@ from tasks.quality import enforce_gates, gate_passages, warm_gates
 quiet_environment()
 
 
-def dask_runner(address: str | None, workers: int) -> DaskTaskRunner:
-    """An existing cluster by address, else a local cluster of single-threaded worker processes."""
+def dask_runner(address: str | None, workers: int | None) -> DaskTaskRunner:
+    """An existing cluster by address, else a local cluster of single-threaded worker processes.
+
+    ``workers`` None lets Dask size the local cluster (one worker per core).
+    """
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(
@@ -45,22 +51,16 @@ def dask_runner(address: str | None, workers: int) -> DaskTaskRunner:
     )
 
 
-def _default_runner() -> DaskTaskRunner:
-    settings = Settings()
-    return dask_runner(settings.dask_address, settings.workers)
-
-
-@flow(name="ingest", task_runner=_default_runner(), validate_parameters=True)
-def ingest(config: IngestConfig, store: str | None = None) -> str:
+@flow(name="ingest", task_runner=dask_runner(None, None), validate_parameters=True)
+def ingest(config: IngestConfig, store: StoreAccess) -> str:
     """Ingest a dump into ``<store>/passages/<dump_id>/``; returns that URL.
 
-    Credentials come from the environment of the process running the flow
-    (AWS_* for s3://), never from parameters, so they are not stored with runs.
+    ``store`` carries the S3 options, also used for an s3:// dump or index;
+    Prefect records them masked, so credentials are not stored with runs.
     """
-    settings = Settings()
-    target = Store(store or settings.store_url, settings.storage_options(store or settings.store_url))
-    dump = DumpSource(config.dump, settings.storage_options(config.dump))
-    index = DumpSource(config.index, settings.storage_options(config.index)) if config.index else None
+    target = store.store()
+    dump = DumpSource(config.dump, store.options(config.dump))
+    index = DumpSource(config.index, store.options(config.index)) if config.index else None
 
     check_store(target)
     warm_gates()
@@ -84,3 +84,11 @@ def ingest(config: IngestConfig, store: str | None = None) -> str:
     manifest = publish_passages(target, plan, records, gate_markdown, dump, index, config)
     summarize_ingest(plan, manifest, url, reused=False)
     return url
+
+
+@flow(name="ingest-deployment", validate_parameters=True)
+def deployed_ingest(config: IngestConfig) -> str:
+    """The deployment's entry point: the worker's settings, read once, then ``ingest`` on its Dask cluster."""
+    settings = Settings()
+    runner = dask_runner(settings.dask_address, settings.workers)
+    return ingest.with_options(task_runner=runner)(config=config, store=settings.store_access())

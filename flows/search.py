@@ -14,8 +14,20 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from flows.settings import Settings
+from pydantic import BaseModel, Field
+
 from rag_core.errors import WikiragError
+from rag_core.index.manifest import IndexManifest
+from rag_core.storage import Store
+
+
+class SearchConfig(BaseModel):
+    """What a search asks for."""
+
+    k: int = Field(5, ge=1, description="passages per question")
+    version: str | None = Field(None, description="index version; None = LATEST")
+    encoder_path: str | None = Field(None, description="query encoder directory; None = the one the index records")
+    question_encoder_path: str | None = Field(None, description="DPR question encoder directory; None = recorded")
 
 
 def read_questions(path: str | None, questions: list[str]) -> list[str]:
@@ -33,44 +45,49 @@ def read_questions(path: str | None, questions: list[str]) -> list[str]:
     return found
 
 
-def query_encoder_config(manifest: dict[str, Any], encoder_path: str | None, question_path: str | None) -> Any:
+def query_encoder_config(manifest: IndexManifest, encoder_path: str | None, question_path: str | None) -> Any:
     """The encoder to embed questions with: the flags', else the one recorded in the manifest."""
     from rag_core.index.encoders import EncoderConfig, EncoderError
 
     if encoder_path:
         return EncoderConfig(path=encoder_path, question_path=question_path)
-    recorded = EncoderConfig(**manifest.get("encoder_config", {}))
+    recorded = EncoderConfig(**(manifest.encoder_config or {}))
     for name in ("path", "question_path"):
         value = getattr(recorded, name)
         if value and not Path(value).expanduser().is_dir():
-            raise EncoderError(f"index {manifest['version']} was built with the encoder at {value}, which is not on "
+            raise EncoderError(f"index {manifest.version} was built with the encoder at {value}, which is not on "
                                "this machine; pass --encoder DIR (and --question-encoder DIR for DPR)")
     return recorded
 
 
-def answer_questions(settings: Settings, questions: list[str], *, version: str | None = None, k: int = 5,
-                     encoder_path: str | None = None, question_encoder_path: str | None = None) -> list[dict]:
-    """For each question, in order: ``{"question", "results": [{passage_id, title, text, score}, ...]}``."""
+def answer_questions(store: Store, questions: list[str], config: SearchConfig | None = None, *,
+                     dask_address: str | None = None) -> list[dict]:
+    """For each question, in order: ``{"question", "results": [{passage_id, title, text, score}, ...]}``.
+
+    With ``dask_address`` the shards stay in that cluster's workers and only
+    top-k lists come back; else they are loaded here.
+    """
     from rag_core.index.encoders import Encoder, check_compatible
     from rag_core.index.search import ShardedIndex
-    from rag_core.storage import Store
 
-    if k < 1:
-        raise WikiragError(f"-k must be at least 1, got {k}")
-    store = Store(settings.store_url, settings.storage_options())
+    config = config or SearchConfig()
     with ExitStack() as stack:
-        if settings.dask_address:  # the shards live in the cluster's workers; only top-k lists come back
+        if dask_address:
             from distributed import Client
 
             from tasks.distributed_search import DaskShardedIndex
 
-            client = stack.enter_context(Client(settings.dask_address))
-            index: Any = stack.enter_context(DaskShardedIndex.load(client, store, version))
+            client = stack.enter_context(Client(dask_address))
+            index: Any = stack.enter_context(DaskShardedIndex.load(client, store, config.version))
         else:
-            index = ShardedIndex.load(store, version)
-        encoder = Encoder.load(query_encoder_config(index.manifest, encoder_path, question_encoder_path))
-        check_compatible(index.manifest["encoder"], encoder.fingerprint)
-        hits = index.search(encoder.encode_questions(questions), k)
+            index = ShardedIndex.load(store, config.version)
+        manifest = IndexManifest.model_validate(index.manifest)
+        if manifest.encoder is None:
+            raise WikiragError(f"index {manifest.version} records no encoder (published from bare vectors); "
+                               "it cannot be searched with questions")
+        encoder = Encoder.load(query_encoder_config(manifest, config.encoder_path, config.question_encoder_path))
+        check_compatible(manifest.encoder, encoder.fingerprint)
+        hits = index.search(encoder.encode_questions(questions), config.k)
     return [
         {"question": q, "results": [{"passage_id": h.passage_id, "title": h.title, "text": h.text,
                                      "score": round(h.score, 6)} for h in found]}

@@ -1,8 +1,10 @@
-"""Settings, read from the environment once, at the edge (CLI and flow entry points).
+"""Settings, read from the environment once, at the edge (the CLI, the deployments' entry flows).
 
 Every variable has the ``WIKIRAG_`` prefix except the standard ones other
 tools already use (``AWS_*``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``).
-``rag_core`` never reads the environment: values travel as arguments.
+Nothing below the edge reads the environment: flows get a :class:`StoreAccess`
+(the store URL and the S3 options, credentials kept secret in the run's
+recorded parameters), tasks and ``rag_core`` get a ``Store``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, Secret, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rag_core.storage import Store
 
 # Telemetry off everywhere, and no hub: set before prefect, mlflow or
 # transformers are imported, and inherited by Dask workers and subprocesses.
@@ -37,6 +41,35 @@ def quiet_environment() -> None:
     """Switch telemetry off for this process and every process it starts."""
     for key, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
+
+
+def is_s3(url: str) -> bool:
+    return url.startswith(("s3://", "s3a://"))
+
+
+class StoreAccess(BaseModel):
+    """Where the store is and how to reach S3: what a flow needs from the settings, passed as its parameter.
+
+    A plain string is a store URL with no S3 options (a local folder, or S3
+    with credentials from boto's own sources). Prefect records ``s3_options``
+    as ``**********``: credentials never reach the run's stored parameters.
+    """
+
+    url: str = Field(description="store URL: a path, file://..., or s3://bucket/prefix")
+    s3_options: Secret[dict[str, Any]] = Field(default_factory=lambda: Secret({}),
+                                               description="fsspec options for every s3:// URL (credentials, endpoint)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_url(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value
+
+    def options(self, url: str | None = None) -> dict[str, Any]:
+        """fsspec options for ``url`` (the store by default): the S3 options for s3://, nothing otherwise."""
+        return dict(self.s3_options.get_secret_value()) if is_s3(url or self.url) else {}
+
+    def store(self) -> Store:
+        return Store(self.url, self.options())
 
 
 class Settings(BaseSettings):
@@ -69,11 +102,20 @@ class Settings(BaseSettings):
     def prefect_home(self) -> Path:
         return self.home / "prefect"
 
+    def store_access(self, url: str | None = None) -> StoreAccess:
+        """The store (``url``, default the configured one) with this environment's S3 options, for a flow."""
+        return StoreAccess(url=url or self.store_url, s3_options=Secret(self.s3_options()))
+
+    def open_store(self, url: str | None = None) -> Store:
+        """The store (``url``, default the configured one), ready for ``rag_core`` calls."""
+        return self.store_access(url).store()
+
     def storage_options(self, url: str | None = None) -> dict[str, Any]:
         """fsspec options for ``url`` (the store by default): credentials for s3://, nothing otherwise."""
-        url = url or self.store_url
-        if not url.startswith(("s3://", "s3a://")):
-            return {}
+        return self.s3_options() if is_s3(url or self.store_url) else {}
+
+    def s3_options(self) -> dict[str, Any]:
+        """fsspec options for s3:// URLs: credentials, endpoint and region from the environment."""
         options: dict[str, Any] = {
             # Fail in seconds, not minutes, when the endpoint is down.
             "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}},

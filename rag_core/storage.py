@@ -134,6 +134,29 @@ class Store:
                 return []
         return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
 
+    def files(self, *parts: str) -> dict[str, tuple[int, float]]:
+        """Every file under ``parts``, recursively: relative path -> (bytes, last modified, POSIX seconds).
+
+        Empty when absent. Used by cleanup to size what it frees and to leave
+        alone what a running job wrote recently (``*.tmp`` files of a local
+        write in flight are listed too).
+        """
+        path = self.path_of(*parts)
+        with translate_errors(self.url_of(*parts), "listing"):
+            self.fs.invalidate_cache(path)
+            try:
+                found = self.fs.find(path, detail=True)
+            except FileNotFoundError:
+                return {}
+        out = {}
+        for name, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            modified = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or 0.0
+            stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
+            out[name[len(path.rstrip("/")) + 1:]] = (int(info.get("size") or 0), stamp)
+        return out
+
     # -- writing -----------------------------------------------------------
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Write a whole object so that readers see all of it or nothing.

@@ -17,9 +17,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rag_core.errors import GateError
-from rag_core.index.versions import INDEXES_DIR, delete_version
+from rag_core.index.build import RECALL_K, BuiltShard, EmbeddedShard, IndexPlan
+from rag_core.index.retention import delete_version
+from rag_core.index.versions import INDEXES_DIR
 from rag_core.storage import Store
-from tasks.index import RECALL_K, BuiltShard, EmbeddedShard, IndexPlan
 from tasks.quality import GateResult, _validate, artifact_key, combine, report_markdown
 
 REPORTS_DIR = "_reports"
@@ -58,7 +59,7 @@ def validate_index_counts(built: list[BuiltShard], n_passages: int) -> GateResul
 
     frame = pd.DataFrame({"shard": [b.shard for b in built], "ntotal": [b.ntotal for b in built],
                           "expected": [b.expected for b in built],
-                          "ids_match": [bool(b.entry["meta"].get("passage_ids_match")) for b in built]})
+                          "ids_match": [b.ids_match for b in built]})
     return _validate("index-counts", frame, [
         gxe.ExpectColumnPairValuesToBeEqual(column_A="ntotal", column_B="expected"),
         gxe.ExpectColumnSumToBeBetween(column="ntotal", min_value=n_passages, max_value=n_passages),

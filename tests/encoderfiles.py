@@ -26,3 +26,23 @@ def save_tiny_bert(directory: Path, *, seed: int = 0, broken: bool = False) -> P
     for name in TOKENIZER_FILES:  # the MiniLM (BERT uncased) vocabulary: no hub needed
         shutil.copy(packaged_model_path() / name, directory / name)
     return directory
+
+
+def tiny_encoder(directory: Path, *, seed: int = 0):
+    """:func:`save_tiny_bert` loaded as a float32 ``Encoder`` (exact on any CPU)."""
+    from rag_core.index.encoders import Encoder, EncoderConfig
+
+    return Encoder.load(EncoderConfig(path=str(save_tiny_bert(directory, seed=seed)), dtype="float32"))
+
+
+class CountingEncoder:
+    """A real encoder, counting the passages it is asked to encode (what "never encoded twice" is checked by)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.config = inner, inner.config
+        self.fingerprint, self.fingerprint_id, self.dim = inner.fingerprint, inner.fingerprint_id, inner.dim
+        self.encoded = 0
+
+    def encode_passages(self, titles, texts, progress=None):
+        self.encoded += len(texts)
+        return self.inner.encode_passages(titles, texts, progress)

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_deployment_loads_and_validates() -> None:
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     deployments = spec["deployments"]
-    assert {d["entrypoint"] for d in deployments} >= {"flows/ingest.py:ingest", "flows/index_rebuild.py:index_rebuild"}
+    assert {d["entrypoint"] for d in deployments} >= {"flows/ingest.py:deployed_ingest",
+                                                      "flows/index_rebuild.py:deployed_index_rebuild"}
     scheduled = [d["name"] for d in deployments if d.get("schedules")]
     assert scheduled == ["index-rebuild-enwiki"]  # one scheduled ingest: the rebuild's
     for deployment in deployments:

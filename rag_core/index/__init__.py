@@ -1,1 +1,1 @@
-"""The index stage: encoders, embedding shards, FAISS shard indexes, index versions, sharded search."""
+"""The index stage: encoders, embedding files, FAISS shard indexes, versions (manifest, pins, cleanup), building one, search."""

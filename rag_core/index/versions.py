@@ -1,4 +1,4 @@
-"""Index versions on a store: shard files, a manifest written last, and a LATEST pointer.
+"""Index versions on a store: shard files, a manifest written last, a LATEST pointer, pins.
 
 One FAISS index per passage shard. Row ``i`` of a shard's index is the shard's
 ``i``-th passage: ids are resolved through the shard's ids file, never through
@@ -7,20 +7,25 @@ row order is already stored beside the index). Layout under ``<store>/indexes/``
 
     <version>/shard-00000.faiss          faiss.serialize_index bytes of shard 0
     <version>/shard-00000.ids.parquet    passage_id (+ title, text), in FAISS row order
+    <version>/plan.json                  what a build is making (while unpublished; cleanup reads it)
     <version>/manifest.json              written last: the version exists once it does
+    <version>/pins/<name>.json           one object per holder (e.g. a registered model)
     LATEST                               {"version": ...}; moved only after the manifest exists
 
+Versions are immutable: nothing a published version reads (its manifest names
+every file, embedding files included, with their sha256) is rewritten, and
+:func:`delete_version` removes a file only when no other published version
+references it. A pinned version, or the one LATEST points at, is not deleted.
+
 Versions are ``20261130T114501.123Z-1a2b3c4d`` (UTC time to the millisecond,
-then random hex): they sort by creation time and do not collide. Shard files may
-be written by different workers (:func:`write_shard`); :func:`publish_manifest`
-then makes the version visible and moves LATEST. A crash before the manifest
-leaves files that no reader lists or loads; :func:`delete_version` removes them.
+then random hex): they sort by creation time and do not collide.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -32,18 +37,27 @@ import pyarrow.parquet as pq
 
 from rag_core.errors import WikiragError
 from rag_core.index.faiss_index import METRICS, IndexBuildError, sha256_hex
+from rag_core.index.manifest import (
+    CALLER_FIELDS,
+    GENERATED_FIELDS,
+    MANIFEST,
+    EmbeddingRef,
+    IndexManifest,
+    ManifestError,
+    ShardEntry,
+    parse_manifest,
+)
 from rag_core.storage import Store
 
 INDEXES_DIR = "indexes"
-MANIFEST = "manifest.json"
 LATEST = "LATEST"
-MANIFEST_FORMAT = 1
+PLAN = "plan.json"
+PINS_DIR = "pins"
 _VERSION_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
-_RESERVED_FIELDS = ("format", "version", "created_at", "count", "shards")
 
 
 class IndexVersionError(WikiragError):
-    """An index version is missing, misnamed, or cannot be published or deleted."""
+    """An index version is missing, misnamed, held, or cannot be published or deleted."""
 
 
 class CorruptShardError(WikiragError):
@@ -52,11 +66,12 @@ class CorruptShardError(WikiragError):
 
 @dataclass(frozen=True)
 class ShardPayload:
-    """One shard to publish: its serialized index and its passages in row order."""
+    """One shard to publish: its serialized index, its passages in row order, where its vectors came from."""
 
     index_bytes: bytes
     passages: pa.Table  # passage_id (+ title, text); row i is FAISS row i
-    meta: Mapping[str, Any] = field(default_factory=dict)  # recorded in the manifest (e.g. resolved factory)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # free-form, recorded in the manifest
+    embeddings: EmbeddingRef | None = None  # the embedding files the vectors were read from
 
     @classmethod
     def of(cls, shard: ShardPayload | Sequence[Any]) -> ShardPayload:
@@ -71,11 +86,12 @@ class ShardPayload:
 
 def new_version_id(now: dt.datetime | None = None) -> str:
     """``YYYYMMDDTHHMMSS.mmmZ-xxxxxxxx``: sorts by UTC creation time (to the millisecond); the hex keeps it unique."""
-    now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(4)}"
 
 
-def _check_name(version: str) -> str:
+def check_name(version: str) -> str:
+    """``version`` when it can name a version folder, else a clear error."""
     if not isinstance(version, str) or not _VERSION_NAME.match(version) or version == LATEST:
         raise IndexVersionError(f"{version!r} is not an index version name (e.g. 20261130T114501.123Z-1a2b3c4d)")
     return version
@@ -85,10 +101,11 @@ def shard_names(shard: int) -> tuple[str, str]:
     return f"shard-{shard:05d}.faiss", f"shard-{shard:05d}.ids.parquet"
 
 
-def write_shard(store: Store, version: str, shard: int, payload: ShardPayload | Sequence[Any]) -> dict[str, Any]:
+# -- publishing ------------------------------------------------------------------
+def write_shard(store: Store, version: str, shard: int, payload: ShardPayload | Sequence[Any]) -> ShardEntry:
     """Write one shard's two files into an unpublished version; returns its manifest entry."""
     payload = ShardPayload.of(payload)
-    root = store.child(INDEXES_DIR, _check_name(version))
+    root = store.child(INDEXES_DIR, check_name(version))
     if root.exists(MANIFEST):
         raise IndexVersionError(f"{root.url}: version {version} is already published; versions are immutable")
     table = payload.passages
@@ -102,41 +119,52 @@ def write_shard(store: Store, version: str, shard: int, payload: ShardPayload | 
     index_name, ids_name = shard_names(shard)
     root.write_bytes(payload.index_bytes, index_name)
     root.write_bytes(ids_bytes, ids_name)
-    return {
-        "shard": shard, "url": index_name, "ids_url": ids_name, "count": table.num_rows,
-        "bytes": len(payload.index_bytes), "sha256": sha256_hex(payload.index_bytes),
-        "ids_sha256": sha256_hex(ids_bytes), "columns": table.column_names, "meta": dict(payload.meta),
-    }
+    return ShardEntry(
+        shard=shard, url=index_name, ids_url=ids_name, count=table.num_rows, bytes=len(payload.index_bytes),
+        sha256=sha256_hex(payload.index_bytes), ids_sha256=sha256_hex(ids_bytes), columns=table.column_names,
+        meta=dict(payload.meta), embeddings=payload.embeddings,
+    )
 
 
 def publish_manifest(
-    store: Store, version: str, entries: Sequence[Mapping[str, Any]], manifest_fields: Mapping[str, Any],
+    store: Store, version: str, entries: Sequence[ShardEntry | Mapping[str, Any]], manifest_fields: Mapping[str, Any],
     *, now: dt.datetime | None = None,
 ) -> str:
     """Write ``manifest.json`` (making the version visible), then move LATEST to it.
 
-    ``manifest_fields`` must hold ``dim``, ``metric`` and ``factory``; anything
-    else (encoder fingerprint, dump and passages ids, gate results) is recorded
-    as given. Every shard file must already exist.
+    ``manifest_fields`` must hold ``dim``, ``metric`` and ``factory``; the other
+    fields of :class:`~rag_core.index.manifest.IndexManifest` (encoder
+    fingerprint, passage set, gate results, ...) are optional. Every shard file
+    must already exist.
     """
-    root = store.child(INDEXES_DIR, _check_name(version))
+    root = store.child(INDEXES_DIR, check_name(version))
     fields = dict(manifest_fields)
-    missing = [k for k in ("dim", "metric", "factory") if k not in fields]
-    if missing or fields.get("metric") not in METRICS or not isinstance(fields.get("dim"), int):
-        raise IndexVersionError(f"manifest_fields need dim (int), metric (ip|l2) and factory; got {sorted(fields)}")
-    if clash := [k for k in _RESERVED_FIELDS if k in fields]:
+    if clash := [k for k in GENERATED_FIELDS if k in fields]:
         raise IndexVersionError(f"manifest_fields may not set {clash}: publishing fills them in")
-    shards = sorted((dict(e) for e in entries), key=lambda e: e["shard"])
-    if not shards or [e["shard"] for e in shards] != list(range(len(shards))):
-        raise IndexVersionError(f"{root.url}: shards must be numbered 0..n-1, got {[e['shard'] for e in shards]}")
+    if unknown := sorted(set(fields) - set(CALLER_FIELDS)):
+        raise IndexVersionError(f"manifest_fields {unknown} are not manifest fields; known: {', '.join(CALLER_FIELDS)} "
+                                "(free-form facts go into a shard's meta)")
+    if fields.get("metric") not in METRICS or not isinstance(fields.get("dim"), int) or "factory" not in fields:
+        raise IndexVersionError(f"manifest_fields need dim (int), metric (ip|l2) and factory; got {sorted(fields)}")
+    shards = sorted((ShardEntry.model_validate(e) for e in entries), key=lambda e: e.shard)
+    if not shards or [e.shard for e in shards] != list(range(len(shards))):
+        raise IndexVersionError(f"{root.url}: shards must be numbered 0..n-1, got {[e.shard for e in shards]}")
+    present = set(root.list())
     for entry in shards:
-        for name in (entry["url"], entry["ids_url"]):
-            if not root.exists(name):
+        for name in (entry.url, entry.ids_url):
+            if name not in present:
                 raise IndexVersionError(f"{root.url_of(name)}: shard file missing; write every shard before publishing")
-    created = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
-    manifest = {**fields, "format": MANIFEST_FORMAT, "version": version, "created_at": created.isoformat(),
-                "count": sum(int(e["count"]) for e in shards), "shards": shards}
-    root.write_json(manifest, MANIFEST)
+    listed: dict[str, set[str]] = {}  # one listing per embedding folder, not a request per file
+    for path in (p for e in shards if e.embeddings for p in e.embeddings.paths()):
+        folder, _, name = path.rpartition("/")
+        if folder not in listed:
+            listed[folder] = set(store.list(folder))
+        if name not in listed[folder]:
+            raise IndexVersionError(f"{store.url_of(path)}: embedding file missing (deleted meanwhile?); rebuild")
+    created = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
+    manifest = IndexManifest(**fields, version=version, created_at=created, count=sum(e.count for e in shards),
+                             shards=shards)
+    root.write_json(manifest.as_dict(), MANIFEST)
     move_latest(store, version)
     return version
 
@@ -154,11 +182,12 @@ def publish_version(
 def move_latest(store: Store, version: str) -> None:
     """Point LATEST at a published version (one atomic write)."""
     indexes = store.child(INDEXES_DIR)
-    if not indexes.exists(_check_name(version), MANIFEST):
+    if not indexes.exists(check_name(version), MANIFEST):
         raise IndexVersionError(f"{indexes.url_of(version)}: no manifest; LATEST points at published versions only")
     indexes.write_json({"version": version}, LATEST)
 
 
+# -- reading ---------------------------------------------------------------------
 def list_versions(store: Store) -> list[str]:
     """Published versions (those with a manifest), oldest first."""
     indexes = store.child(INDEXES_DIR)
@@ -171,48 +200,63 @@ def latest_version(store: Store) -> str | None:
     indexes = store.child(INDEXES_DIR)
     if not indexes.exists(LATEST):
         return None
-    pointer = indexes.read_json(LATEST)
+    try:
+        pointer = json.loads(indexes.read_bytes(LATEST).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pointer = None
     if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
-        raise IndexVersionError(f"{indexes.url_of(LATEST)}: not a LATEST pointer; republish or delete it")
+        raise IndexVersionError(f"{indexes.url_of(LATEST)}: not a LATEST pointer; point it at a version again "
+                                "(rebuild, or write {\"version\": \"...\"}) or delete the file")
     return pointer["version"]
 
 
-def read_manifest(store: Store, version: str | None = None) -> dict[str, Any]:
-    """A published version's manifest (LATEST's when ``version`` is None)."""
+def read_index_manifest(store: Store, version: str | None = None) -> IndexManifest:
+    """A published version's manifest (LATEST's when ``version`` is None), validated."""
     indexes = store.child(INDEXES_DIR)
     if version is None:
         version = latest_version(store)
         if version is None:
             raise IndexVersionError(f"{indexes.url}: no index has been published here (no LATEST); build one first")
-    if not indexes.exists(_check_name(version), MANIFEST):
+    if not indexes.exists(check_name(version), MANIFEST):
         available = ", ".join(list_versions(store)) or "none"
         raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
-    manifest = indexes.read_json(version, MANIFEST)
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise IndexVersionError(f"{indexes.url_of(version, MANIFEST)}: manifest format {manifest.get('format')!r} "
-                                f"is not {MANIFEST_FORMAT}; upgrade wikirag or republish")
+    manifest = parse_manifest(indexes.read_bytes(version, MANIFEST), indexes.url_of(version, MANIFEST))
+    if manifest.version != version:
+        raise ManifestError(f"{indexes.url_of(version, MANIFEST)}: names version {manifest.version}, its folder "
+                            f"{version}; the file was copied from another version: delete this one")
     return manifest
 
 
-def delete_version(store: Store, version: str, *, force: bool = False) -> None:
-    """Delete a version (or an unpublished leftover). The one LATEST points at needs ``force``.
+def read_manifest(store: Store, version: str | None = None) -> dict[str, Any]:
+    """:func:`read_index_manifest` as the stored JSON object (validated), for readers that index it by key."""
+    return read_index_manifest(store, version).as_dict()
 
-    A forced delete of the latest first moves LATEST to the newest other
-    version (or removes LATEST when none is left), then removes the manifest
-    (the version vanishes at once), then the shard files.
-    """
-    indexes = store.child(INDEXES_DIR)
-    if not indexes.list(_check_name(version)):
-        available = ", ".join(list_versions(store)) or "none"
-        raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
-    if latest_version(store) == version:
-        if not force:
-            raise IndexVersionError(f"{indexes.url}: refusing to delete {version}: LATEST points at it; "
-                                    "publish another version first or force the delete")
-        others = [v for v in list_versions(store) if v != version]
-        if others:
-            move_latest(store, others[-1])
-        else:
-            indexes.remove(LATEST)
-    indexes.remove(version, MANIFEST)
-    indexes.remove(version)
+
+def verify_version(store: Store, version: str | None = None) -> int:
+    """Check every file a version reads against its manifest's sha256; returns how many were checked."""
+    manifest = read_index_manifest(store, version)
+    root = store.child(INDEXES_DIR, manifest.version)
+    checked = 0
+    for entry in manifest.shards:
+        files = [(root, entry.url, entry.sha256), (root, entry.ids_url, entry.ids_sha256)]
+        if entry.embeddings is not None:
+            files += [(store, entry.embeddings.vectors, entry.embeddings.vectors_sha256),
+                      (store, entry.embeddings.ids, entry.embeddings.ids_sha256)]
+        for where, name, sha in files:
+            try:
+                data = where.read_bytes(name)
+            except FileNotFoundError as exc:
+                raise CorruptShardError(f"{where.url_of(name)}: missing; version {manifest.version} needs it: "
+                                        "delete the version and rebuild") from exc
+            if sha256_hex(data) != sha:
+                raise CorruptShardError(f"{where.url_of(name)}: sha256 differs from version {manifest.version}'s "
+                                        "manifest; delete the version and rebuild")
+            checked += 1
+    return checked
+
+
+def delete_version(store: Store, version: str, *, force: bool = False) -> Any:
+    """Delete a version and the files no other version references: :func:`rag_core.index.retention.delete_version`."""
+    from rag_core.index.retention import delete_version as delete  # retention builds on this module
+
+    return delete(store, version, force=force)

@@ -7,9 +7,10 @@ passages (approximately, for HNSW or PQ); the vectors come from the embedding
 files the index was built from (exact float32, whatever the index compresses),
 so ``doc_scores`` do not depend on the index family.
 
-Shard ``i`` of a version was built from embedding shard ``i`` of its dump
-(``manifest["dump_id"]``, ``manifest["fingerprint_id"]``): loading checks that
-both list the same passage ids, row for row.
+The manifest names the embedding files each shard was built from, with their
+sha256; those files are never rewritten while a version uses them. Loading
+checks both hashes and that the embedding and index shards list the same
+passage ids, row for row.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from rag_core.errors import WikiragError
-from rag_core.index.embeddings import read_shard
+from rag_core.index.embeddings import read_ref
+from rag_core.index.manifest import IndexManifest
 from rag_core.index.search import ShardedIndex, check_k
 from rag_core.storage import Store
 
@@ -55,18 +57,18 @@ class IndexRetriever:
 
     @classmethod
     def load(cls, store: Store, version: str | None = None) -> IndexRetriever:
-        """Load a version (LATEST's when None) and the embedding shards it was built from."""
+        """Load a version (LATEST's when None) and the embedding files its manifest names."""
         index = ShardedIndex.load(store, version)
-        manifest = index.manifest
+        manifest = IndexManifest.model_validate(index.manifest)
         vectors = []
-        for shard in range(len(index.shards)):
-            ids, matrix = read_shard(store, manifest["fingerprint_id"], manifest["dump_id"], shard)
-            if ids != index.passage_ids(shard):
-                raise RetrieverError(
-                    f"index {manifest['version']} shard {shard}: its embedding shard under "
-                    f"embeddings/{manifest['fingerprint_id']}/{manifest['dump_id']}/ lists other passages (rewritten "
-                    "by a rebuild with another shard count?); retrieve from a version built after it, or rebuild"
-                )
+        for entry in manifest.shards:
+            if entry.embeddings is None:
+                raise RetrieverError(f"index {manifest.version} records no embedding files (published from bare "
+                                     "vectors); RAG needs them: build the version with build_version or index_rebuild")
+            ids, matrix = read_ref(store, entry.embeddings)
+            if ids != index.passage_ids(entry.shard):
+                raise RetrieverError(f"index {manifest.version} shard {entry.shard}: {store.url_of(entry.embeddings.ids)} "
+                                     "lists other passages than the index shard; the version is damaged: rebuild it")
             vectors.append(matrix)
         return cls(index, vectors)
 

@@ -19,12 +19,13 @@ import pytest
 from flows.index_rebuild import index_rebuild
 from flows.ingest import dask_runner
 from flows.sample import SAMPLE_NAME
+from flows.settings import Settings, StoreAccess
 from rag_core.errors import GateError
-from rag_core.index.embeddings import EmbedConfig, done_shards, embeddings_store, read_shard
+from rag_core.index.embeddings import EmbedConfig, range_record, read_ref
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.search import ShardedIndex
-from rag_core.index.versions import latest_version, list_versions, read_manifest
+from rag_core.index.versions import latest_version, list_versions, read_index_manifest, read_manifest
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import IngestConfig, read_passages
@@ -68,14 +69,14 @@ def write_dump(directory: Path, pages: list[tuple[int, str, str, int]], name: st
     return dump, index
 
 
-def rebuild(address: str, dump: Path, index: Path, store: str, encoder: Path | None, *, shards: int = 3,
-            **index_config) -> str:
+def rebuild(address: str, dump: Path, index: Path, store: str | StoreAccess, encoder: Path | None, *,
+            shards: int = 3, **index_config) -> str:
     encoder_config = EncoderConfig(path=str(encoder) if encoder else None, dtype="float32")
     return index_rebuild.with_options(task_runner=dask_runner(address, 0))(
         ingest_config=IngestConfig(dump=str(dump), index=str(index)),
+        store=store,
         embed=EmbedConfig(encoder=encoder_config, shards=shards),
         index=IndexConfig(**index_config),
-        store=store,
     )
 
 
@@ -83,10 +84,11 @@ def _pages(articles: list) -> list[tuple[int, str, str, int]]:
     return [(p.page_id, p.title, p.text, p.revision_id) for p in articles]
 
 
-def _all_vectors(store: Store, manifest: dict) -> tuple[list[str], np.ndarray]:
+def _all_vectors(store: Store, version: str) -> tuple[list[str], np.ndarray]:
+    """Every stored vector a version was built from, in passage order."""
     ids, vectors = [], []
-    for shard in done_shards(store, manifest["fingerprint_id"], manifest["dump_id"]):
-        i, v = read_shard(store, manifest["fingerprint_id"], manifest["dump_id"], shard)
+    for entry in read_index_manifest(store, version).shards:
+        i, v = read_ref(store, entry.embeddings)
         ids += i
         vectors.append(v)
     return ids, np.concatenate(vectors)
@@ -121,7 +123,7 @@ def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
     encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
     queries = encoder.encode_questions(QUESTIONS)
     hits = ShardedIndex.load(store).search(queries, 7)
-    ids, vectors = _all_vectors(store, manifest)
+    ids, vectors = _all_vectors(store, version)
     exact = np.argsort(-(queries @ vectors.T), axis=1, kind="stable")[:, :7]
     assert [[h.passage_id for h in q] for q in hits] == [[ids[i] for i in row] for row in exact]
     by_id = dict(zip(passages["passage_id"].to_pylist(), passages["title"].to_pylist()))
@@ -165,10 +167,10 @@ def test_incremental_rebuild_reuses_unchanged_passages_while_readers_keep_workin
     assert set(seen) <= {first, second} and seen[0] == first and first in seen
 
     new = read_manifest(store, second)
-    records = [embeddings_store(store, new["fingerprint_id"], new["dump_id"]).read_json(f"shard-{s:05d}.json")
-               for s in range(3)]
+    records = [range_record(store, new["fingerprint_id"], new["dump_id"], e["embeddings"]["start"],
+                            e["embeddings"]["stop"]) for e in new["shards"]]
     reused, encoded = sum(r["reused"] for r in records), sum(r["encoded"] for r in records)
-    assert all(r["reused_from"] == old["dump_id"] for r in records)
+    assert sum(r["reused_from"][old["dump_id"]] for r in records) == reused
     new_passages = read_passages(store, new["dump_id"])
     old_passages = read_passages(store, old["dump_id"])
     old_texts = set(zip(old_passages["title"].to_pylist(), old_passages["text"].to_pylist()))
@@ -222,7 +224,7 @@ def test_search_cli_local_and_s3_with_its_bad_inputs(articles: list, tiny: Path,
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
     s3_url = f"s3://{s3_server.bucket}/search-cli"
-    version = rebuild(cluster, *write_dump(tmp_path, _pages(articles[:8])), s3_url, tiny)
+    version = rebuild(cluster, *write_dump(tmp_path, _pages(articles[:8])), Settings().store_access(s3_url), tiny)
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
 
     questions = tmp_path / "questions.txt"
@@ -274,20 +276,59 @@ def test_a_killed_rebuild_resumes_without_reencoding_finished_shards(
                             stderr=subprocess.PIPE, text=True)
     embeddings = home / "store" / "embeddings"
     deadline = time.time() + 240
-    while time.time() < deadline and not list(embeddings.glob("*/*/shard-*.json")):
+    while time.time() < deadline and not list(embeddings.glob("*/*/rows-*.json")):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
-    finished = {p.name for p in embeddings.glob("*/*/shard-*.json")}
+    finished = {p.name for p in embeddings.glob("*/*/rows-*.json")}
     assert 1 <= len(finished) < 8 and not (home / "store" / "indexes" / "LATEST").exists()
-    stamps = {p.name: p.stat().st_mtime_ns for p in embeddings.glob("*/*/shard-*.npy")}
+    stamps = {p.name: p.stat().st_mtime_ns for p in embeddings.glob("*/*/rows-*.npy")}
 
     proc2 = _cli(*args, env=env)
     assert proc2.returncode == 0, proc2.stderr[-2000:]
     assert proc2.stderr.count("already embedded") >= len(finished)
-    assert all(p.stat().st_mtime_ns == stamps[p.name] for p in embeddings.glob("*/*/shard-*.npy") if p.name in stamps)
-    assert latest_version(Store(str(home / "store"))) == proc2.stdout.strip()
+    assert all(p.stat().st_mtime_ns == stamps[p.name] for p in embeddings.glob("*/*/rows-*.npy") if p.name in stamps)
+    version = proc2.stdout.strip()
+    assert latest_version(Store(str(home / "store"))) == version
+
+    # The killed run's unpublished folder (its plan) is what gc collects; the published version keeps every file.
+    killed = [p.name for p in (home / "store" / "indexes").iterdir() if p.name not in (version, "LATEST")]
+    gc = _cli("indexes", "gc", "--older-than", "0", env=env)
+    assert gc.returncode == 0 and f"removed indexes/{killed[0]}: 1 files" in gc.stdout and len(killed) == 1
+    assert _cli("indexes", "verify", version, env=env).stdout.strip().endswith("files match their sha256")
+
+
+def test_rebuilds_with_other_shard_counts_encode_each_passage_once(wiki: Path, home: Path, prefect_server: str,
+                                                                  tiny: Path) -> None:
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
+    args = ("index-rebuild", str(SAMPLE_BZ2), "--encoder", str(tiny), "--encoder-dtype", "float32")
+    first = _cli(*args, "--shards", "2", env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    store = Store(str(home / "store"))
+    v1 = first.stdout.strip()
+    files = {p: store.read_bytes(p) for p in read_index_manifest(store, v1).files()}
+    second = _cli(*args, "--shards", "4", env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    v2 = second.stdout.strip()
+
+    m1, m2 = read_index_manifest(store, v1), read_index_manifest(store, v2)
+    assert (len(m1.shards), len(m2.shards), m1.count, m2.count) == (2, 4, 4391, 4391)
+    records = [store.read_json("embeddings", p) for p in store.files("embeddings") if p.endswith(".json")]
+    assert sum(r["encoded"] for r in records) == 4391  # each passage encoded once over both runs
+    copied = sorted((r["start"], r["stop"], r["reused"], r["encoded"]) for r in records if r["stop"] - r["start"] < 2000)
+    assert copied == [(0, 1097, 1097, 0), (1097, 2195, 1098, 0), (2195, 3293, 1098, 0), (3293, 4391, 1098, 0)]
+    assert {p: store.read_bytes(p) for p in m1.files()} == files  # nothing v1 reads was rewritten
+
+    encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
+    queries = encoder.encode_questions(QUESTIONS)
+    for version in (v1, v2):  # each searchable, with the exact top-5 of its own stored vectors
+        proc = _cli("search", *QUESTIONS, "--version", version, "-k", "5", "--json", env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got = [[r["passage_id"] for r in json.loads(line)["results"]] for line in proc.stdout.splitlines()]
+        ids, vectors = _all_vectors(store, version)
+        exact = np.argsort(-(queries @ vectors.T), axis=1, kind="stable")[:, :5]
+        assert got == [[ids[i] for i in row] for row in exact]
 
 
 def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, prefect_server: str,

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import Secret
 
 from flows.ingest import dask_runner, ingest
+from flows.settings import StoreAccess
 from rag_core.errors import DumpError, GateError
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
@@ -22,7 +24,7 @@ from tests.dumpfiles import page_xml, write_multistream
 pytestmark = pytest.mark.slow
 
 
-def run_ingest(config: IngestConfig, store: str) -> str:
+def run_ingest(config: IngestConfig, store: str | StoreAccess) -> str:
     return ingest.with_options(task_runner=dask_runner(None, 2))(config=config, store=store)
 
 
@@ -61,11 +63,10 @@ def test_multistream_sample_end_to_end(wiki: Path, home: Path, prefect_server: s
 
 
 def test_single_stream_dump_on_s3(wiki: Path, home: Path, prefect_server: str, s3_server: S3Server,
-                                  monkeypatch: pytest.MonkeyPatch, expected_ids: list[str]) -> None:
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
+                                  expected_ids: list[str]) -> None:
     store_url = f"s3://{s3_server.bucket}/flow-test"
-    url = run_ingest(IngestConfig(dump=str(SAMPLE_BZ2), batch_pages=60), store_url)
+    access = StoreAccess(url=store_url, s3_options=Secret(s3_server.options()))  # the flow reads no environment
+    url = run_ingest(IngestConfig(dump=str(SAMPLE_BZ2), batch_pages=60), access)
     assert url.startswith(store_url + "/passages/")
     store = Store(store_url, s3_server.options())
     dump_id = url.rsplit("/", 1)[-1]

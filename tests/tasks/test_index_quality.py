@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.index import BuiltShard, EmbeddedShard
+from rag_core.index.build import BuiltShard, EmbeddedShard
 from tasks.index_quality import (
     NORMALISED_NORMS,
     RAW_NORMS,
@@ -61,7 +61,7 @@ def test_norm_range_follows_the_encoder() -> None:
 
 
 def built(shard_id: int, ntotal: int, expected: int, ids_match: bool = True) -> BuiltShard:
-    return BuiltShard(shard_id, {"meta": {"passage_ids_match": ids_match}}, ntotal, expected, "Flat", np.ones(3), 0.1)
+    return BuiltShard(shard_id, None, ntotal, expected, "Flat", np.ones(3), 0.1, ids_match)  # type: ignore[arg-type]
 
 
 def test_index_counts_gate() -> None:

@@ -21,7 +21,10 @@ import pyarrow as pa
 import pytest
 import torch
 
+from rag_core.index.build import build_version
+from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, check_compatible, packaged_model_path
+from rag_core.index.faiss_index import IndexConfig
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.rag_model import (
     GeneratorConfig,
@@ -37,7 +40,7 @@ from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.passages import passages_from_pages
 from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import TOKENIZER_FILES, save_tiny_bert
-from tests.indexfiles import publish_small_index
+from tests.passagefiles import publish_passages, sample_passages
 
 TINY_GENERATOR = GeneratorConfig(d_model=32, layers=1, heads=2, ffn_dim=64)
 QUESTIONS = ["What is anarchism?", "Where is Alabama?", "Who was Achilles?"]
@@ -71,9 +74,12 @@ def indexes(tmp_path_factory: pytest.TempPathFactory, passages: pa.Table) -> Sim
     other_config = EncoderConfig(path=str(save_tiny_bert(root / "tiny-other", seed=1)), dtype="float32")
     store = Store(str(root / "store"))
     encoder = Encoder.load(encoder_config)
-    v1 = publish_small_index(store, "d1", passages.slice(0, 200), encoder, shards=2)
-    v2 = publish_small_index(store, "d2", passages.slice(200, 200), encoder, shards=2)
-    other = publish_small_index(store, "d1", passages.slice(0, 200), Encoder.load(other_config), shards=1)
+    publish_passages(store, "d1", sample_passages().slice(0, 200))
+    publish_passages(store, "d2", sample_passages().slice(200, 200))
+    flat = IndexConfig(factory="Flat")
+    v1 = build_version(store, "d1", EmbedConfig(encoder=encoder_config, shards=2), flat, encoder=encoder)
+    v2 = build_version(store, "d2", EmbedConfig(encoder=encoder_config, shards=2), flat, encoder=encoder)
+    other = build_version(store, "d1", EmbedConfig(encoder=other_config, shards=1), flat)
     return SimpleNamespace(store=store, encoder=encoder, encoder_config=encoder_config, v1=v1, v2=v2,
                            other=other, v1_ids=set(passages.slice(0, 200)["passage_id"].to_pylist()),
                            v2_ids=set(passages.slice(200, 200)["passage_id"].to_pylist()))

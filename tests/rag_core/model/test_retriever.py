@@ -8,20 +8,29 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from rag_core.errors import StoreError
+from rag_core.index.build import build_version
+from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
+from rag_core.index.versions import publish_version
 from rag_core.model.retriever import IndexRetriever, RetrieverError
 from rag_core.storage import Store
-from rag_core.wiki.dumps import DumpSource, iter_pages
-from rag_core.wiki.passages import passages_from_pages
-from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import save_tiny_bert
-from tests.indexfiles import publish_small_index
+from tests.passagefiles import publish_passages, sample_passages
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def passages(wiki: Path) -> pa.Table:
-    table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE_BZ2))))[0]
-    return table.slice(0, 400).select(["passage_id", "title", "text"])
+    return sample_passages().slice(0, 400)
+
+
+def publish_small_index(store: Store, dump_id: str, passages: pa.Table, encoder: Encoder, shards: int) -> str:
+    publish_passages(store, dump_id, passages)
+    embed = EmbedConfig(encoder=encoder.config, shards=shards)
+    return build_version(store, dump_id, embed, IndexConfig(factory="Flat"), encoder=encoder)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +66,21 @@ def test_clear_errors(tmp_path: Path, passages: pa.Table, encoder: Encoder) -> N
     with pytest.raises(RetrieverError, match="holds 4 passages; n_docs=5 needs at least that many"):
         retriever.retrieve(np.ones((1, 32), np.float32), 5)
 
-    # The dump re-embedded with another shard count rewrites its embedding shards: the old version must say so.
-    publish_small_index(store, "d1", passages.slice(0, 4), encoder, shards=1)
-    first = sorted(p.name for p in (tmp_path / "indexes").iterdir() if p.name[0].isdigit())[0]
-    with pytest.raises(RetrieverError, match="lists other passages"):
+    # Another shard count writes new embedding files: the first version's vectors stay as they were.
+    first = retriever.version
+    build_version(store, "d1", EmbedConfig(encoder=encoder.config, shards=1), IndexConfig(factory="Flat"),
+                  encoder=encoder)
+    again = IndexRetriever.load(store, first)
+    assert [v.tolist() for v in again.vectors] == [v.tolist() for v in retriever.vectors]
+
+    # A version published from bare vectors has no embedding files to score with.
+    bare = publish_version(store, [(serialize_index(build_shard_index(again.vectors[0], IndexConfig(factory="Flat"))),
+                                    again.index.passage_ids(0))], {"dim": 32, "metric": "ip", "factory": "Flat"})
+    with pytest.raises(RetrieverError, match="records no embedding files"):
+        IndexRetriever.load(store, bare)
+
+    # An embedding file changed after publishing is refused by its sha256.
+    vectors = next((tmp_path / "embeddings").rglob("rows-0000000000-0000000002.*.npy"))
+    vectors.write_bytes(vectors.read_bytes()[:-4] + b"\0\0\0\1")
+    with pytest.raises(StoreError, match=r"corrupt \(sha256 differs from its record\)"):
         IndexRetriever.load(store, first)

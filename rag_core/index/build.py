@@ -1,0 +1,312 @@
+"""Build an index version from a published passage set: plan, embed each shard, index each shard, publish.
+
+:func:`build_version` does it all in one process (a notebook, a script); the
+``index_rebuild`` flow maps the same per-shard functions over Dask workers and
+puts Great Expectations gates between the steps::
+
+    plan_version ──▶ embed_plan_shard (each shard) ──▶ build_plan_shard (each shard) ──▶ publish_plan
+     │ counts, fingerprint,       │ write-once embedding files,      │ FAISS index + held-out recall@10,
+     │ shard cut, version name,   │ reused where they exist          │ written into the unpublished version
+     ▼ reuse source, plan.json    ▼                                  ▼
+                                                          manifest (references every file read), then LATEST
+
+Every step is idempotent: a rerun with the same plan settings skips the
+embedding ranges that are done, so a killed run loses only the shards in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from rag_core.errors import GateError, StoreError, WikiragError
+from rag_core.index.embed import PassageEncoder, ReuseTable, embed_rows, load_reuse_table
+from rag_core.index.embeddings import (
+    EmbedConfig,
+    embedding_ref,
+    range_record,
+    read_record,
+    shard_bounds,
+    vector_stats,
+)
+from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
+from rag_core.index.faiss_index import IndexConfig, build_shard_index, heldout_recall, serialize_index
+from rag_core.index.manifest import ShardEntry
+from rag_core.index.retention import delete_version
+from rag_core.index.versions import (
+    INDEXES_DIR,
+    PLAN,
+    ShardPayload,
+    new_version_id,
+    publish_manifest,
+    read_index_manifest,
+    write_shard,
+)
+from rag_core.storage import Store
+from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
+
+RECALL_K = 10
+Progress = Callable[[int], None]  # called with the number of passages (or vectors) just finished
+
+
+class GateConfig(BaseModel):
+    """The index stage's gates (the recall target is ``IndexConfig.recall_target``: ``auto`` sizes for it too)."""
+
+    recall_queries: int = Field(1000, ge=1, description="held-out queries of the recall gate, over all shards")
+
+
+@dataclass
+class IndexPlan:
+    """What a build makes: which passages, which encoder, how many shards, which version."""
+
+    dump_id: str
+    passages_url: str
+    dump: dict[str, Any]  # the passages manifest's dump record: url, sha256, bytes
+    n_passages: int
+    num_shards: int
+    encoder: EncoderConfig
+    fingerprint: dict[str, Any]
+    fingerprint_id: str
+    dim: int
+    index: IndexConfig
+    gate: GateConfig
+    version: str
+    reuse_from: str | None = None
+    started: float = field(default_factory=time.time)
+
+    def bounds(self, shard_id: int) -> tuple[int, int]:
+        return shard_bounds(self.n_passages, shard_id, self.num_shards)
+
+
+@dataclass
+class EmbeddedShard:
+    """One shard's embedding record and the per-vector facts its gate checks."""
+
+    shard: int
+    record: dict[str, Any]
+    expected: int  # passages in the shard
+    dim: int  # columns of the stored matrix
+    norm: np.ndarray
+    finite: np.ndarray
+    matches_passage: np.ndarray  # stored id i == passage i of the shard
+
+
+@dataclass
+class BuiltShard:
+    """One shard's FAISS index, written into the unpublished version, and its held-out recall."""
+
+    shard: int
+    entry: ShardEntry
+    ntotal: int
+    expected: int
+    factory: str
+    recall: np.ndarray
+    seconds: float
+    ids_match: bool  # the index's passages are the embedded ones, row for row
+
+
+@functools.cache
+def load_encoder(config: EncoderConfig) -> Encoder:
+    """One loaded encoder per config and process: a worker keeps it for every shard it is given."""
+    return Encoder.load(config)
+
+
+def dump_id_of(passages_url: str) -> str:
+    """The passage set's id: the last part of its URL (``<store>/passages/<dump_id>``)."""
+    return passages_url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def previous_dump(store: Store, fingerprint_id: str, dump_id: str) -> str | None:
+    """The passage set behind LATEST, when it differs from ``dump_id`` and its vectors fit this encoder."""
+    try:
+        manifest = read_index_manifest(store)
+    except WikiragError:  # nothing published, or a LATEST that cannot be read: nothing to reuse
+        return None
+    if manifest.fingerprint_id != fingerprint_id or manifest.dump_id == dump_id:
+        return None
+    return manifest.dump_id
+
+
+def plan_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, index: IndexConfig | None = None,
+                 gate: GateConfig | None = None, *, encoder: PassageEncoder | None = None) -> IndexPlan:
+    """Count the passages, fingerprint the encoder, cut the shards, name the version and record the plan.
+
+    ``encoder`` (default: loaded from ``embed.encoder``) gives the fingerprint
+    (and the config recorded, when it has one);
+    the plan is written to ``indexes/<version>/plan.json`` so that cleanup can
+    tell a running build from an abandoned one.
+    """
+    embed, index, gate = embed or EmbedConfig(), index or IndexConfig(), gate or GateConfig()
+    passages = published_manifest(store, dump_id)
+    if passages is None:
+        raise StoreError(f"{store.url_of(PASSAGES_DIR, dump_id)}: no published passages; run ingest first")
+    n = int(passages["counts"]["passages"])
+    encoder = encoder or load_encoder(embed.encoder)
+    config = encoder.config if isinstance(getattr(encoder, "config", None), EncoderConfig) else embed.encoder
+    plan = IndexPlan(
+        dump_id=dump_id, passages_url=store.url_of(PASSAGES_DIR, dump_id), dump=passages["dump"], n_passages=n,
+        num_shards=embed.num_shards(n), encoder=config, fingerprint=encoder.fingerprint,
+        fingerprint_id=encoder.fingerprint_id, dim=encoder.dim, index=index, gate=gate, version=new_version_id(),
+        reuse_from=embed.reuse_from or previous_dump(store, encoder.fingerprint_id, dump_id),
+    )
+    record = {"version": plan.version, "dump_id": dump_id, "fingerprint_id": plan.fingerprint_id,
+              "reuse_from": plan.reuse_from, "n_passages": n, "num_shards": plan.num_shards}
+    store.child(INDEXES_DIR, plan.version).write_json(record, PLAN)
+    return plan
+
+
+def describe_plan(plan: IndexPlan) -> str:
+    """One log line: passages, shards, encoder, version, reuse source."""
+    reuse = f", reusing vectors of {plan.reuse_from}" if plan.reuse_from else ""
+    return (f"{plan.n_passages:,} passages in {plan.num_shards} shards, encoder {plan.fingerprint['name']} "
+            f"({plan.fingerprint_id}), version {plan.version}{reuse}")
+
+
+class _OnDemandEncoder:
+    """The plan's fingerprint, with the model loaded only when something must be encoded.
+
+    A resumed run finds most shards done: checking them needs the fingerprint,
+    which the plan carries, not the model, which takes seconds to load.
+    """
+
+    def __init__(self, plan: IndexPlan, threads: int | None) -> None:
+        self.config, self.threads = plan.encoder, threads
+        self.fingerprint, self.fingerprint_id, self.dim = plan.fingerprint, plan.fingerprint_id, plan.dim
+
+    def encode_passages(self, titles: Any, texts: Any, progress: Progress | None = None) -> np.ndarray:
+        if self.threads:  # e.g. the threads a Dask worker declares: workers sharing a host do not oversubscribe it
+            import torch
+
+            torch.set_num_threads(self.threads)
+        encoder = load_encoder(self.config)
+        if encoder.fingerprint_id != self.fingerprint_id:
+            raise EncoderError(f"the encoder at {self.config.path or 'the packaged MiniLM'} changed during the run "
+                               f"(fingerprint {encoder.fingerprint_id}, planned {self.fingerprint_id}); rerun")
+        return encoder.encode_passages(titles, texts, progress)
+
+
+_REUSE: dict[tuple[str, str], ReuseTable] = {}
+
+
+def _reuse_table(store: Store, plan: IndexPlan) -> ReuseTable | None:
+    """The earlier passage set's vectors, loaded once per build and process (a later build lists them anew)."""
+    if plan.reuse_from is None:
+        return None
+    key = (store.url, plan.version)
+    if key not in _REUSE:
+        _REUSE.clear()  # one build at a time per worker
+        _REUSE[key] = load_reuse_table(store, plan.fingerprint_id, plan.reuse_from)
+    return _REUSE[key]
+
+
+def embed_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, encoder: PassageEncoder | None = None,
+                     threads: int | None = None, progress: Progress | None = None) -> EmbeddedShard:
+    """Embed one shard of the plan (done: skipped; else reused where possible, the rest encoded).
+
+    Returns the record and what the embeddings gate checks, computed from the
+    files as stored. ``threads`` caps torch's threads when the model loads.
+    """
+    start, stop = plan.bounds(shard_id)
+    table = read_passage_rows(store, plan.dump_id, start, stop, columns=["passage_id", "title", "text"])
+    record = embed_rows(store, plan.dump_id, start, table, encoder or _OnDemandEncoder(plan, threads),
+                        _reuse_table(store, plan), progress)
+    stored = range_record(store, plan.fingerprint_id, plan.dump_id, start, stop) or record
+    ids, _, vectors = read_record(store, plan.fingerprint_id, plan.dump_id, stored)
+    stats = vector_stats(vectors)
+    expected = table.column("passage_id").to_pylist()
+    matches = np.array([a == b for a, b in zip(ids, expected)] + [False] * max(0, len(ids) - len(expected)), bool)
+    return EmbeddedShard(shard_id, record, table.num_rows, int(vectors.shape[1]), stats["norm"], stats["finite"],
+                         matches)
+
+
+def recall_rows(plan: IndexPlan, shard_id: int, n_vectors: int) -> np.ndarray:
+    """The seeded held-out query rows of one shard: its share of ``gate.recall_queries``, by size."""
+    per_shard = math.ceil(plan.gate.recall_queries * n_vectors / max(plan.n_passages, 1))
+    rng = np.random.default_rng([plan.index.seed, shard_id])
+    return np.sort(rng.choice(n_vectors, min(per_shard, n_vectors), replace=False))
+
+
+def build_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, progress: Progress | None = None) -> BuiltShard:
+    """Build one shard's FAISS index from its stored vectors, measure held-out recall@10, write it unpublished."""
+    started = time.perf_counter()
+    start, stop = plan.bounds(shard_id)
+    record = range_record(store, plan.fingerprint_id, plan.dump_id, start, stop)
+    if record is None:
+        raise StoreError(f"shard {shard_id} (rows {start}..{stop}) of {plan.dump_id} has no finished embeddings; "
+                         "embed it first (embed_plan_shard)")
+    ids, _, vectors = read_record(store, plan.fingerprint_id, plan.dump_id, record)
+    passages = read_passage_rows(store, plan.dump_id, start, stop, columns=["passage_id", "title", "text"])
+    index = build_shard_index(vectors, plan.index, total_vectors=plan.n_passages)
+    factory = plan.index.resolve_factory(len(vectors), plan.dim, total_vectors=plan.n_passages)
+    rows = recall_rows(plan, shard_id, len(vectors))
+    recall = heldout_recall(index, vectors, rows, RECALL_K, plan.index.metric) if len(vectors) > 1 else np.ones(0)
+    payload = ShardPayload(serialize_index(index), passages, {"factory": factory},
+                           embedding_ref(plan.fingerprint_id, plan.dump_id, record))
+    entry = write_shard(store, plan.version, shard_id, payload)
+    if progress is not None:
+        progress(len(vectors))
+    return BuiltShard(shard_id, entry, int(index.ntotal), stop - start, factory, recall,
+                      time.perf_counter() - started, ids == passages.column("passage_id").to_pylist())
+
+
+def mean_recall(built: list[BuiltShard]) -> float:
+    """The shards' held-out recall@10, all queries together (1.0 when no shard had two vectors)."""
+    parts = [b.recall for b in built if len(b.recall)]
+    return float(np.concatenate(parts).mean()) if parts else 1.0
+
+
+def publish_plan(store: Store, plan: IndexPlan, built: list[BuiltShard], gates: dict[str, Any]) -> str:
+    """Write the manifest (the version becomes visible), then move LATEST to it."""
+    factories = sorted({b.factory for b in built})
+    fields = {
+        "dim": plan.dim, "metric": plan.index.metric, "factory": ",".join(factories) if factories else "Flat",
+        "factory_requested": plan.index.factory, "index_config": plan.index.model_dump(),
+        "encoder": plan.fingerprint, "fingerprint_id": plan.fingerprint_id,
+        "encoder_config": plan.encoder.model_dump(), "dump_id": plan.dump_id, "passages": plan.passages_url,
+        "dump": plan.dump, "gates": gates,
+    }
+    return publish_manifest(store, plan.version, [b.entry for b in sorted(built, key=lambda b: b.shard)], fields)
+
+
+def check_version(plan: IndexPlan, embedded: list[EmbeddedShard], built: list[BuiltShard]) -> dict[str, Any]:
+    """The gates of a build without Great Expectations: every passage embedded (finite) and indexed, recall."""
+    problems = [f"shard {e.shard}: {int((~e.finite).sum())} vectors not finite" for e in embedded if not e.finite.all()]
+    problems += [f"shard {e.shard}: stored ids differ from the passages" for e in embedded
+                 if len(e.matches_passage) != e.expected or not e.matches_passage.all()]
+    problems += [f"shard {b.shard}: {b.ntotal} vectors indexed for {b.expected} passages" for b in built
+                 if b.ntotal != b.expected or not b.ids_match]
+    recall = mean_recall(built)
+    if recall < plan.index.recall_target:
+        problems.append(f"held-out recall@{RECALL_K} {recall:.3f} < target {plan.index.recall_target}")
+    if problems:
+        raise GateError(f"index {plan.version} not published: {'; '.join(problems)}")
+    return {"checks": "passed (embeddings finite, ids, counts, recall; rag_core)", f"recall@{RECALL_K}": recall}
+
+
+def build_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, index: IndexConfig | None = None,
+                  gate: GateConfig | None = None, *, encoder: PassageEncoder | None = None,
+                  progress: Progress | None = None) -> str:
+    """Build, check and publish an index version of a published passage set in this process; returns it.
+
+    The same steps as the ``index_rebuild`` flow, one shard after another and
+    without Prefect, Dask or Great Expectations (:func:`check_version` stands in
+    for the gates). ``encoder`` replaces loading ``embed.encoder`` (e.g. one
+    already in memory). A failed check publishes nothing and removes the
+    unpublished files; LATEST moves only on success.
+    """
+    plan = plan_version(store, dump_id, embed, index, gate, encoder=encoder)
+    try:
+        embedded = [embed_plan_shard(store, plan, s, encoder=encoder, progress=progress) for s in range(plan.num_shards)]
+        built = [build_plan_shard(store, plan, s) for s in range(plan.num_shards)]
+        gates = check_version(plan, embedded, built)
+    except BaseException:
+        delete_version(store, plan.version)  # unpublished: nobody can see its files, nobody needs them
+        raise
+    return publish_plan(store, plan, built, gates)

@@ -1,0 +1,79 @@
+"""The CLI at the edge: settings read once, flags that never touch the environment, defaults from the configs."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.cli import build_parser, main, read_settings, rebuild_configs
+from flows.cli_indexes import CleanupConfig
+from flows.search import SearchConfig
+from flows.settings import Settings, StoreAccess
+from rag_core.index.build import GateConfig
+from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.encoders import EncoderConfig
+from rag_core.index.faiss_index import IndexConfig
+from rag_core.wiki.ingest import IngestConfig
+
+
+def help_text(capsys: pytest.CaptureFixture, *command: str) -> str:
+    """``wikirag COMMAND --help`` as one line (argparse wraps it)."""
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return re.sub(r"\s+", " ", capsys.readouterr().out)
+
+
+def test_no_flag_means_the_config_classes_defaults() -> None:
+    args = build_parser().parse_args(["index-rebuild", "dump.xml.bz2"])
+    assert rebuild_configs(args) == (IngestConfig(dump="dump.xml.bz2"), EmbedConfig(), IndexConfig(), GateConfig())
+    args = build_parser().parse_args(["index-rebuild", "d", "--shards", "4", "--factory", "HNSW32", "--recall-queries",
+                                      "50", "--encoder-dtype", "float32", "--memory-budget-gb", "0.5"])
+    ingest, embed, index, gate = rebuild_configs(args)
+    assert (embed.shards, embed.encoder, index.factory, index.memory_budget_bytes, gate.recall_queries) == (
+        4, EncoderConfig(dtype="float32"), "HNSW32", 1 << 29, 50)
+    assert index.recall_target == IndexConfig().recall_target and ingest.words_per_passage == 100
+
+
+def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFixture) -> None:
+    rebuild = help_text(capsys, "index-rebuild")
+    assert f"(default {IndexConfig().recall_target})" in rebuild and f"(default {IndexConfig().factory}:" in rebuild
+    assert f"(default {GateConfig().recall_queries})" in rebuild
+    assert f"one per {EmbedConfig().passages_per_shard:,} passages, at least {EmbedConfig().min_shards}" in rebuild
+    assert f"(default {EncoderConfig().dtype};" in rebuild and "{float32,bfloat16}" in rebuild
+    ingest = help_text(capsys, "ingest")
+    for name in ("words_per_passage", "max_residue_rate", "shards"):
+        assert f"(default {IngestConfig.model_fields[name].default}" in ingest
+    assert f"(default {SearchConfig().k})" in help_text(capsys, "search")
+    assert f"(default {CleanupConfig().older_than_hours:g})" in help_text(capsys, "indexes", "gc")
+    assert f"one per core, {Settings().workers} here" in help_text(capsys, "ingest")
+
+
+def test_flags_override_settings_without_touching_the_environment(home: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("WIKIRAG_WORKERS", "3")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    before = dict(os.environ)
+    settings = read_settings(build_parser().parse_args(["ingest", "d", "--store", "s3://b/p", "--workers", "5"]))
+    assert (settings.store_url, settings.workers, settings.dask_address) == ("s3://b/p", 5, None)
+    assert read_settings(build_parser().parse_args(["ingest", "d"])).workers == 3  # the environment's
+    assert main(["--home", str(tmp_path / "other"), "indexes", "--store", str(tmp_path / "store")]) == 0
+    assert dict(os.environ) == before and "no published index" in capsys.readouterr().err
+
+    assert main(["search", "q", "-k", "0", "--store", str(tmp_path)]) == 2  # a bad value: one line, no traceback
+    err = capsys.readouterr().err
+    assert err == "wikirag: error: SearchConfig: field 'k': Input should be greater than or equal to 1\n"
+
+
+def test_store_access_keeps_credentials_out_of_what_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    access = Settings(store="s3://bucket/prefix").store_access()
+    assert access.options()["secret"] == "very-secret" and access.options("s3://other/x")["key"] == "key"
+    assert access.options("https://dumps.wikimedia.org/x.bz2") == {} and access.store().options["key"] == "key"
+    assert "very-secret" not in access.model_dump_json() and "very-secret" not in repr(access)
+    assert StoreAccess.model_validate("/a/local/store") == StoreAccess(url="/a/local/store")
