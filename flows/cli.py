@@ -162,12 +162,21 @@ def cmd_index_rebuild(args: argparse.Namespace) -> int:
 SAMPLE_QUESTION = "Who was the teacher of Alexander the Great?"
 
 
+def _log_hardware() -> None:
+    """The machine and the dtype models get on it (each worker decides again, for its own CPU)."""
+    from rag_core.hardware import choose_precision, describe
+
+    log.info("hardware: %s", describe().line())
+    choose_precision("auto", "cpu")  # logs the dtype and why
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The main job on the embedded defaults: the real sample to a published index, then one search."""
     from flows.sample import fetch_sample
     from flows.search import answer_questions, print_results
 
     settings = _settings(args)
+    _log_hardware()
     dump = fetch_sample(settings.home / "data")
     version = _run_index_rebuild(settings, {"dump": str(dump)}, {}, {})
     results = answer_questions(settings, [SAMPLE_QUESTION], version=version, k=3)
@@ -298,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--encoder", help="local encoder directory (DPR context encoder or a sentence encoder; "
                          "default: the packaged all-MiniLM-L6-v2)")
     rebuild.add_argument("--question-encoder", help="DPR question encoder directory (with a DPR --encoder)")
-    rebuild.add_argument("--encoder-dtype", choices=["float32", "bfloat16"],
-                         help="weights dtype (default bfloat16; use float32 on CPUs without AMX/AVX512-BF16)")
+    rebuild.add_argument("--encoder-dtype", choices=["auto", "float32", "bfloat16"],
+                         help="weights dtype (default auto: bf16 where this CPU runs it natively, e.g. AMX, "
+                         "else float32)")
     rebuild.add_argument("--factory", default="auto", help="FAISS factory: Flat, HNSW32, IVF4096,PQ48, "
                          "OPQ48,IVF4096,PQ48, or auto (default: chosen from size, memory budget and recall target)")
     rebuild.add_argument("--shards", type=int, default=0, help="index shards (default: one per 20,000 passages, at least 4)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ from rag_core.index.versions import (
     read_manifest,
     write_shard,
 )
+from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
 from tasks.ingest import io_task
@@ -192,16 +192,13 @@ def plan_index(store: Store, passages_url: str, embed: EmbedConfig, index: Index
 @io_task
 def embed_passages(store: Store, plan: IndexPlan, shard_id: int) -> EmbeddedShard:
     """Embed one passage shard (skipped when done, incremental when an earlier dump is given)."""
-    from tqdm.auto import tqdm
-
     encoder = _OnDemandEncoder(plan)
     start, stop = plan.bounds(shard_id)
     table = read_passage_rows(store, plan.dump_id, start, stop, columns=["passage_id", "title", "text"])
     previous = _reuse_table(store, plan.fingerprint_id, plan.reuse_from) if plan.reuse_from else None
-    bar = tqdm(total=table.num_rows, desc=f"embed {shard_id + 1}/{plan.num_shards}", unit="passage", leave=False,
-               disable=not sys.stderr.isatty(), mininterval=1)
-    with bar:
-        record = embed_shard(store, plan.dump_id, table, encoder, shard_id, previous, progress=bar.update)
+    with StageProgress(f"embed {shard_id + 1}/{plan.num_shards}", table.num_rows, "passage",
+                       log=get_run_logger().info) as progress:  # a bar on a TTY, else a line every 30 s
+        record = embed_shard(store, plan.dump_id, table, encoder, shard_id, previous, progress=progress.update)
     ids, vectors = read_shard(store, plan.fingerprint_id, plan.dump_id, shard_id)  # the gate sees what was stored
     stats = vector_stats(vectors)
     expected = table.column("passage_id").to_pylist()
@@ -219,6 +216,14 @@ def embed_passages(store: Store, plan: IndexPlan, shard_id: int) -> EmbeddedShar
 @io_task
 def build_index_shard(store: Store, plan: IndexPlan, shard_id: int) -> BuiltShard:
     """Build one shard's FAISS index, measure its held-out recall@10, write it into the unpublished version."""
+    # FAISS builds in one call: off a terminal, the timer logs a line every 30 s while it works.
+    with StageProgress(f"index {shard_id + 1}/{plan.num_shards}", 1, "shard", log=get_run_logger().info) as progress:
+        built = _build_index_shard(store, plan, shard_id)
+        progress.update()
+    return built
+
+
+def _build_index_shard(store: Store, plan: IndexPlan, shard_id: int) -> BuiltShard:
     started = time.perf_counter()
     ids, vectors = read_shard(store, plan.fingerprint_id, plan.dump_id, shard_id)
     start, stop = plan.bounds(shard_id)

@@ -19,11 +19,25 @@ Passage format (it changes the vectors, so it is part of the fingerprint):
 
 Questions are encoded as themselves, by the question encoder when there is one.
 
+Precision: ``dtype="auto"`` (the default) asks :func:`rag_core.hardware.choose_precision`
+where the model loads: bf16 weights where this CPU (AMX, AVX512-BF16) or GPU
+computes bf16 natively and a timed probe confirms it, float32 elsewhere (on
+an AVX2-only CPU bf16 is ~50x slower). ``float32``/``bfloat16`` force one.
+bf16 vectors stay within cosine 0.999 of float32 on real passages (a test
+checks it); pooling and outputs are float32 either way.
+
+Fingerprints: ``fingerprint["dtype"]`` records the dtype actually used, but
+the dtype is *not* part of ``fingerprint_id`` (the key of the embedding
+files): vectors of the two dtypes are interchangeable for retrieval (cosine
+>= 0.999), and a key that changed with the CPU would make an AVX2 machine
+re-encode every passage an AMX machine already embedded (no reuse, no
+resume across machines), and split one run's shards across keys when its
+workers differ. Each shard's JSON keeps the full fingerprint it was written
+with, so which dtype made which vectors stays on record.
+
 Speed: texts are tokenized once, sorted by token length and batched so that a
 batch pads little (the output keeps the input order); inference runs under
-``torch.inference_mode``; ``dtype="bfloat16"`` keeps the weights in bf16
-(cosine >= 0.999 to float32 on real passages; a test checks it) and pooling
-and outputs in float32.
+``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_core.errors import WikiragError
+from rag_core.hardware import DtypeChoice, Precision, choose_precision
 
 if TYPE_CHECKING:  # torch loads on first use: importing the config (e.g. in a flow) stays cheap
     import torch
@@ -51,6 +66,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")
 # What must agree between the encoder an index was built with and the one that queries it.
 # dtype and max_length may differ: bf16 and fp32 agree to cosine >= 0.999, and questions are short.
 MUST_MATCH = ("kind", "weights_sha256", "question_weights_sha256", "dim", "pooling", "normalize")
+# Fingerprint fields that do not decide which embedding files passages share (see the module docstring).
+NOT_IN_FINGERPRINT_ID = ("name", "question_weights_sha256", "dtype")
 
 
 class EncoderError(WikiragError):
@@ -67,15 +84,15 @@ class EncoderConfig(BaseModel):
     pooling: Literal["mean", "cls"] | None = Field(None, description="None = from the model kind (DPR: cls)")
     normalize: bool | None = Field(None, description="L2-normalise vectors; None = from the model kind (DPR: no)")
     max_length: int = Field(256, ge=8, description="tokens per text; clamped to the model's positions")
-    dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="weight dtype; use float32 on CPUs "
-                                                  "without native bf16 (no AVX512-BF16/AMX), where bf16 is slow")
+    dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
+                               "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
 
 
 def default_encoder_config() -> EncoderConfig:
-    """The packaged all-MiniLM-L6-v2 with its defaults (mean pooling, normalised, bf16)."""
+    """The packaged all-MiniLM-L6-v2 with its defaults (mean pooling, normalised, dtype auto)."""
     return EncoderConfig()
 
 
@@ -167,11 +184,10 @@ def weights_sha256(path: Path) -> str:
     return _hash_files(files)
 
 
-def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConfig) -> _Tower:
-    import torch
+def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConfig, precision: Precision) -> _Tower:
     from transformers import AutoModel, AutoTokenizer, DPRContextEncoder, DPRQuestionEncoder
 
-    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    dtype = precision.torch_dtype
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:
@@ -193,12 +209,14 @@ class Encoder:
     Build it with :meth:`load`. ``fingerprint`` names everything that makes the
     vectors what they are; ``fingerprint_id`` is a short hex of the part that
     decides the passage vectors (so embedding files are shared by runs with the
-    same passage encoder, whatever the name or the question tower).
+    same passage encoder, whatever the name, the question tower or the dtype
+    this CPU chose).
     """
 
     def __init__(self, config: EncoderConfig, kind: str, pooling: str, normalize: bool, max_length: int,
-                 context: _Tower, question: _Tower | None) -> None:
+                 context: _Tower, question: _Tower | None, precision: Precision) -> None:
         self.config = config
+        self.precision = precision  # the dtype the weights run in, and why
         self.kind = kind
         self.pooling = pooling
         self.normalize = normalize
@@ -217,10 +235,10 @@ class Encoder:
             "pooling": pooling,
             "normalize": normalize,
             "max_length": max_length,
-            "dtype": config.dtype,
+            "dtype": precision.dtype,  # resolved: never "auto"
             "passage_format": "pair(title, text)" if kind == "dpr" else "{title}. {text}",
         }
-        passage_side = {k: v for k, v in self.fingerprint.items() if k not in ("name", "question_weights_sha256")}
+        passage_side = {k: v for k, v in self.fingerprint.items() if k not in NOT_IN_FINGERPRINT_ID}
         self.fingerprint_id = hashlib.sha256(json.dumps(passage_side, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
@@ -251,10 +269,12 @@ class Encoder:
             pooling, normalize = _sentence_defaults(path)
         pooling = config.pooling or pooling
         normalize = normalize if config.normalize is None else config.normalize
-        context = _load_tower(path, "passage", dpr_role, config)
-        question = _load_tower(q_path, "question", "question" if dpr_role else None, config) if q_path else None
+        precision = choose_precision(config.dtype, config.device)
+        context = _load_tower(path, "passage", dpr_role, config, precision)
+        question = (_load_tower(q_path, "question", "question" if dpr_role else None, config, precision)
+                    if q_path else None)
         positions = getattr(context.model.config, "max_position_embeddings", None) or config.max_length
-        return cls(config, kind, pooling, normalize, min(config.max_length, positions), context, question)
+        return cls(config, kind, pooling, normalize, min(config.max_length, positions), context, question, precision)
 
     # -- encoding ------------------------------------------------------------
     def encode_passages(self, titles: Sequence[str], texts: Sequence[str],
