@@ -6,15 +6,17 @@ and threads, in one process:
 * **sentence-transformers** ``encode()`` with its defaults (float32, batch 32),
   ``normalize_embeddings=True``, ``max_seq_length`` = wikirag's ``max_length``:
   the reference for speed and for the vectors;
-* **wikirag** ``Encoder.encode_passages`` in float32 and in bfloat16 (each
-  loaded with that dtype forced), at ``EncoderConfig``'s default batch size;
-  the row that ``dtype="auto"`` picks on this machine is marked: it is the
-  headline.
+* **wikirag** ``Encoder.encode_passages`` at ``EncoderConfig``'s default
+  batch size, three ways (each loaded with dtype and engine forced): float32
+  in torch, float32 in ONNX Runtime (``rag_core.index.onnx_engine``; used for
+  calls of >= 256 texts, so ``--passages`` must be at least that), bfloat16
+  in torch. The row that ``dtype="auto", engine="auto"`` picks on this
+  machine is marked "(auto)": it is the headline.
 
 Both sides see ``f"{title}. {text}"`` of real passages: a seeded random
 sample of the 4,391 that wikirag's ingest cuts from the 206-page Wikipedia
-sample (``--passages``; 0 = all). A dtype this CPU does not run natively
-(bf16 where ``auto`` says float32, e.g. on AVX2) runs only the first
+sample (``--passages``; 0 = all). bf16 where this CPU does not run it
+natively (``auto`` says float32, e.g. on AVX2) runs only the first
 ``--slow-passages`` of them (it would take an hour otherwise), with the
 reference timed on the same subset.
 
@@ -28,7 +30,7 @@ encoder's matmul FLOPs on unpadded tokens, ``layers * (8 L h^2 + 4 L h ffn +
 (256x384 @ 384x1536) at the same dtype and threads; cores used is CPU time
 over wall time.
 
-    python bench/embed_bench.py --quick                                   # 200 passages, 3 rounds (~2 min)
+    python bench/embed_bench.py --quick                                   # 300 passages, 3 rounds (~3 min)
     python bench/embed_bench.py --markdown bench/results/embedding-native.md     # 1,000 passages, 1 thread
     python bench/embed_bench.py --avx2 --markdown bench/results/embedding-avx2.md  # as on an AVX2-only CPU
 """
@@ -68,6 +70,7 @@ class Row:
     batch: int
     encode: Callable[[list[str], list[str]], object]  # (titles, texts) -> float32 [n, dim]
     subset: bool = False  # timed on the first --slow-passages only
+    warmup: int = WARMUP  # passages of the untimed first call (ONNX Runtime: enough to export the model)
     walls: list[float] = field(default_factory=list)
     cpus: list[float] = field(default_factory=list)
     vectors: object = None
@@ -124,6 +127,7 @@ def matmul_rate(dtype) -> float:
 def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
     from sentence_transformers import SentenceTransformer
 
+    from rag_core.index import onnx_engine
     from rag_core.index.encoders import Encoder, EncoderConfig, packaged_model_path
 
     st = SentenceTransformer(str(packaged_model_path()), device="cpu")
@@ -134,13 +138,20 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
                          normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
 
     rows = [Row("sentence-transformers encode()", "float32", ST_BATCH, st_encode)]
-    for dtype in ("float32", "bfloat16"):
-        config = EncoderConfig(dtype=dtype, max_length=max_length, **({"batch_size": batch} if batch else {}))
+    auto = Encoder.load(EncoderConfig(max_length=max_length))
+    for dtype, engine in (("float32", "torch"), ("float32", "onnx"), ("bfloat16", "torch")):
+        if engine == "onnx" and not onnx_engine.available():
+            continue
+        config = EncoderConfig(dtype=dtype, engine=engine, max_length=max_length,
+                               **({"batch_size": batch} if batch else {}))
         enc = Encoder.load(config)
         if enc.fingerprint["passage_format"] != "{title}. {text}" or enc.max_length != max_length:
             raise SystemExit(f"wikirag encoder {enc.fingerprint}: not the format or length compared here")
-        label = f"wikirag {'(auto) ' if dtype == native else ''}Encoder"
-        rows.append(Row(label, dtype, config.batch_size, enc.encode_passages, subset=dtype != native))
+        picked = (dtype, engine) == (auto.precision.dtype, auto.engine)
+        label = f"wikirag Encoder{' (auto)' if picked else ''}, {'ONNX Runtime' if engine == 'onnx' else 'torch'}"
+        slow_here = dtype == "bfloat16" and native != "bfloat16"  # float32 is never the slow one
+        rows.append(Row(label, dtype, config.batch_size, enc.encode_passages, subset=slow_here,
+                        warmup=onnx_engine.MIN_TEXTS if engine == "onnx" else WARMUP))
     return rows
 
 
@@ -152,7 +163,7 @@ def time_rows(rows: list[Row], titles: list[str], texts: list[str], slow: int, r
         refs[True] = Row(ref.label, ref.dtype, ref.batch, ref.encode, subset=True)
     timed = [*rows, *([refs[True]] if True in refs else [])]
     for row in timed:
-        row.encode(titles[:WARMUP], texts[:WARMUP])
+        row.encode(titles[:row.warmup], texts[:row.warmup])
     for rnd in range(repeats):
         for row in timed[rnd % len(timed):] + timed[:rnd % len(timed)]:
             t, x = (titles[:slow], texts[:slow]) if row.subset else (titles, texts)
@@ -198,7 +209,7 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         table.append(f"| {row.label} | {row.dtype} | {row.batch} | {m:,} | {spread(per_round, '{:.1f}')} "
                      f"| {spread(ratios, '{:.2f}')}x | {cos.min():.5f} / {cos.mean():.6f} | {gflops:.1f} "
                      f"| {share:.0%} | {cores:.2f} |")
-        if row.label.startswith("wikirag (auto)"):
+        if "(auto)" in row.label:
             headline = (ratios, cos.min(), float(np.median(per_round)))
     ratios, cos_min, rate = headline
     median = float(np.median(ratios))
@@ -212,8 +223,8 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         f"The packaged all-MiniLM-L6-v2, max length {args.max_length}, both sides fed `f\"{{title}}. {{text}}\"` for "
         f"{n:,} real passages (a seeded sample of wikirag's ingest of the 206-page Wikipedia sample; "
         f"{lengths.mean():.1f} tokens on average, median {np.median(lengths):.0f}, max {lengths.max()}). "
-        f"`dtype=\"auto\"` chose **{native}** here: {reason}. Rows of a dtype that is not native here ran on the "
-        f"first {slow} passages, against the reference on the same {slow}. {args.repeats} rounds, rows in rotating "
+        f"`dtype=\"auto\"` chose **{native}** here: {reason}. bf16, when not native here, ran on the "
+        f"first {slow} passages only, against the reference on the same {slow}. {args.repeats} rounds, rows in rotating "
         "order; cosine against sentence-transformers' float32 vectors (method in bench/README.md).",
         "",
         *table,
@@ -237,7 +248,7 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="200 passages, 32 for non-native dtypes (smoke test)")
+    p.add_argument("--quick", action="store_true", help="300 passages, 32 for non-native dtypes (smoke test)")
     p.add_argument("--passages", type=int, help="seeded random passages of the sample (default 1000; 0 = all)")
     p.add_argument("--slow-passages", type=int, help="passages for a dtype that is not native here (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
@@ -248,7 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--avx2", action="store_true", help="run as on an AVX2-only CPU (re-runs itself)")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
-    args.passages = args.passages if args.passages is not None else (200 if args.quick else 1000)
+    args.passages = args.passages if args.passages is not None else (300 if args.quick else 1000)
     args.slow_passages = args.slow_passages or (32 if args.quick else 64)
     return args
 
