@@ -16,7 +16,7 @@ from rag_core.index.search import QueryError, ShardedIndex
 from rag_core.index.versions import CorruptShardError, IndexVersionError, ShardPayload, publish_version
 from rag_core.storage import Store
 from tasks.distributed_search import DaskShardedIndex, place_shards
-from tests.rag_core.test_faiss_index import clustered_vectors
+from tests.rag_core.index.test_faiss_index import clustered_vectors
 
 DIM = 32
 SIZES = [300, 900, 800, 1000]  # four shards of unequal size; k=400 is more than shard 0 holds
