@@ -111,8 +111,9 @@ def run_wikirag(dump: Path, work: Path, workers: int) -> tuple[float, dict]:
         raise SystemExit(f"wikirag index-rebuild failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     version = proc.stdout.strip().splitlines()[-1]
     manifest = json.loads((work / "home" / "store" / "indexes" / version / "manifest.json").read_text())
-    dtype = manifest["encoder"].get("dtype")
-    return seconds, {"passages": manifest["count"], "dtype": dtype, "version": version}
+    encoder = manifest["encoder"]
+    return seconds, {"passages": manifest["count"], "dtype": encoder.get("dtype"), "engine": encoder.get("engine"),
+                     "version": version}
 
 
 def run_obvious(dump: Path, work: Path) -> tuple[float, dict]:
@@ -148,7 +149,7 @@ def report(info: RunInfo, args: argparse.Namespace, ours: list[tuple[float, dict
         "| side | passages | wall s (min / median / max) | notes |",
         "|---|---:|---:|---|",
         f"| wikirag index-rebuild | {o_meta['passages']:,} | {spread([o[0] for o in ours], '{:.1f}')} "
-        f"| encoder dtype {o_meta['dtype']} (auto), gates, {args.workers} workers |",
+        f"| encoder dtype {o_meta['dtype']}, engine {o_meta['engine']} (both auto), gates, {args.workers} workers |",
         f"| obvious script | {t_meta['passages']:,} | {spread([t[0] for t in theirs], '{:.1f}')} "
         f"| parse {spread([t[1]['parse_s'] for t in theirs], '{:.1f}')} s, encode "
         f"{spread([t[1]['encode_s'] for t in theirs], '{:.1f}')} s |",
