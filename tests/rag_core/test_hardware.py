@@ -67,16 +67,32 @@ def test_choose_precision_decides_once_logs_why_and_refuses_unknown_dtypes(caplo
         choose_precision("fp16")  # type: ignore[arg-type]
 
 
-def test_the_avx2_emulation_really_gets_float32() -> None:
-    """torch run as on an AMD EPYC with AVX2 only: capability AVX2, so float32 (whatever this CPU is)."""
+def _choose_in_subprocess(env: dict[str, str]) -> tuple[str, str, str]:
     code = ("from rag_core.hardware import choose_precision, describe; p = choose_precision('auto', 'cpu'); "
             "print(p.dtype); print(p.reason); print(describe().line())")
-    env = {**os.environ, **AVX2_EMULATION, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=300, check=True)
     dtype, reason, line = out.stdout.strip().splitlines()
+    return dtype, reason, line
+
+
+def test_the_avx2_emulation_really_gets_float32() -> None:
+    """torch run as on an AMD EPYC with AVX2 only: capability AVX2, so float32 (whatever this CPU is)."""
+    dtype, reason, line = _choose_in_subprocess(AVX2_EMULATION)
     assert dtype == "float32"
     assert reason == "CPU capability AVX2, no native bf16 kernels"
     assert "torch capability AVX2" in line
+
+
+def test_the_probe_catches_bf16_kernels_that_flags_promise_but_onednn_does_not_run() -> None:
+    """oneDNN limited to AVX2 while torch's capability and the CPU flags still say bf16: the timed probe decides."""
+    dtype, reason, _ = _choose_in_subprocess({"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert dtype == "float32"
+    here = describe()
+    if here.capability.upper().startswith("AVX512") and any(f in here.cpu_flags for f in ("amx_bf16", "avx512_bf16")):
+        assert "bf16 probe" in reason and "x slower" in reason, reason  # the probe ran, on this CPU for real
+    else:  # a CPU without native bf16: the flags already said no
+        assert "no native bf16" in reason, reason
 
 
 def test_hardware_line_names_cpu_capability_cores_threads_and_load() -> None:
