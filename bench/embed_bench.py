@@ -8,10 +8,11 @@ and threads, in one process:
   the reference for speed and for the vectors;
 * **wikirag** ``Encoder.encode_passages`` at ``EncoderConfig``'s default
   batch size, three ways (each loaded with dtype and engine forced): float32
-  in torch, float32 in ONNX Runtime (``rag_core.index.onnx_engine``; used for
-  calls of >= 256 texts, so ``--passages`` must be at least that), bfloat16
-  in torch. The row that ``dtype="auto", engine="auto"`` picks on this
-  machine is marked "(auto)": it is the headline.
+  in torch, float32 in ONNX Runtime (``rag_core.index.onnx_engine``, when
+  ``wikirag[onnx]`` is installed; used for calls of >= 256 texts, so
+  ``--passages`` must be at least that), bfloat16 in torch. The row that
+  ``EncoderConfig()`` (dtype auto) picks on this machine is marked "(auto)":
+  it is the headline.
 
 Both sides see ``f"{title}. {text}"`` of real passages: a seeded random
 sample of the 4,391 that wikirag's ingest cuts from the 206-page Wikipedia

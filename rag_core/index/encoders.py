@@ -37,11 +37,12 @@ with, so which dtype made which vectors stays on record.
 
 Speed: texts are tokenized once, sorted by token length and batched so that a
 batch pads little (the output keeps the input order); inference runs under
-``torch.inference_mode``. Engine (``engine="auto"``): in float32 on CPU, a
-call of at least ``onnx_engine.MIN_TEXTS`` texts runs in ONNX Runtime when it
-is installed (``rag_core.index.onnx_engine``: same vectors to ~1e-6, faster on
-AVX2); bf16, GPUs and small calls (questions) run in torch. The engine is
-recorded in the fingerprint, not in ``fingerprint_id``.
+``torch.inference_mode``. ``engine="onnx"`` (optional, ``pip install
+wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
+texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
+it measured no faster than torch, natively or under the AVX2 emulation
+(docs/benchmarks.md). The engine is recorded in the fingerprint, not in
+``fingerprint_id``.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class EncoderConfig(BaseModel):
     max_length: int = Field(256, ge=8, description="tokens per text; clamped to the model's positions")
     dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
                                "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
-    engine: Literal["auto", "torch", "onnx"] = Field("auto", description="auto = ONNX Runtime for float32 on CPU "
-                                                      "when installed (faster there), else torch; see onnx_engine")
+    engine: Literal["torch", "onnx"] = Field("torch", description="onnx = ONNX Runtime for float32 on CPU "
+                                             "(optional extra wikirag[onnx]; see onnx_engine)")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
@@ -200,12 +201,10 @@ def _engine(config: EncoderConfig, precision: Precision) -> str:
     if config.engine == "onnx":
         if not fp32_cpu:
             raise EncoderError(f"engine onnx runs float32 on CPU, not {precision.dtype} on {config.device}; "
-                               "set dtype float32 and device cpu, or engine auto")
+                               "set dtype float32 and device cpu, or engine torch")
         if not onnx_engine.available():
-            raise EncoderError("engine onnx needs onnxruntime and onnx: pip install onnxruntime onnx, "
-                               "or set engine to auto or torch")
-        return "onnx"
-    if config.engine == "auto" and fp32_cpu and onnx_engine.available():
+            raise EncoderError("engine onnx needs onnxruntime and onnx: pip install 'wikirag[onnx]', "
+                               "or set engine to torch")
         return "onnx"
     return "torch"
 

@@ -1,14 +1,14 @@
-"""ONNX Runtime as the float32 CPU engine of an encoder tower: same weights, same vectors, less time.
+"""ONNX Runtime as an optional float32 CPU engine of an encoder tower (``EncoderConfig(engine="onnx")``).
 
-Why: on a CPU without native bf16 (AVX2 only) the encoder runs in float32,
-and there torch spends ~80% of its time in MKL's GEMMs and ~11% in its fused
-attention kernel; ONNX Runtime's own kernels (MLAS GEMMs, fused attention,
-layer norm and GELU) encode the same passages ~1.3-1.4x faster on one
-thread, with vectors equal to torch's float32 ones to ~1e-6 (cosine 1.00000;
-bench/embed_bench.py and tests/rag_core/index/test_encoders.py measure
-both). Where bf16 is native (AMX) torch in bf16 is faster still, so
-:class:`rag_core.index.encoders.Encoder` uses this engine only for float32
-on CPU.
+Why it exists: on a CPU without native bf16 the encoder runs in float32, and
+there torch spends ~80% of its time in MKL's GEMMs (profiled under the AVX2
+emulation) and ~11% in its attention kernel; ONNX Runtime brings its own
+GEMMs (MLAS) and fused attention, layer norm and GELU. Measured: no faster
+than torch, natively or under the AVX2 emulation (bench/embed_bench.py, both
+within noise), so it is not the default; it stays for CPUs where MKL is the
+weak part (MKL's AVX2 paths on AMD have not been measured here), with
+vectors equal to torch's float32 ones to ~1e-6 (tests/rag_core/index/
+test_encoders.py). Needs ``pip install 'wikirag[onnx]'``.
 
 The tower is exported in memory with torch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``; dynamic batch and length) from a

@@ -147,6 +147,7 @@ def test_vectors_embedded_in_one_dtype_are_reused_by_a_machine_running_the_other
 
 def test_onnx_engine_gives_torch_float32_vectors_for_large_calls_only(
         passages: list[dict], fp32_vectors: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("onnxruntime", reason="the onnx engine is optional: pip install 'wikirag[onnx]'")
     from transformers import DPRContextEncoder
 
     from rag_core.index import onnx_engine
@@ -170,10 +171,10 @@ def test_onnx_engine_gives_torch_float32_vectors_for_large_calls_only(
     assert len(dpr._onnx) == 1
 
 
-def test_engine_auto_is_onnx_for_float32_on_cpu_only() -> None:
-    assert Encoder.load(EncoderConfig(dtype="float32")).engine == "onnx"  # onnxruntime is a dependency
-    assert Encoder.load(EncoderConfig(dtype="bfloat16")).engine == "torch"
-    assert Encoder.load(EncoderConfig(dtype="float32", engine="torch")).engine == "torch"
+def test_engine_is_torch_unless_onnx_is_asked_for_float32_on_cpu() -> None:
+    pytest.importorskip("onnxruntime", reason="the onnx engine is optional: pip install 'wikirag[onnx]'")
+    assert Encoder.load(EncoderConfig(dtype="float32")).engine == "torch"
+    assert Encoder.load(EncoderConfig(dtype="float32", engine="onnx")).engine == "onnx"
     with pytest.raises(EncoderError, match="engine onnx runs float32 on CPU, not bfloat16 on cpu"):
         Encoder.load(EncoderConfig(dtype="bfloat16", engine="onnx"))
 
