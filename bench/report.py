@@ -7,6 +7,10 @@
     lines = info.markdown_header()    # command, date, hardware line, loads: above every table
     f"{spread(rates)}"                # "12.1 / 12.4 / 13.0" (min / median / max)
 
+A script that takes ``--avx2`` calls :func:`emulate_avx2_if_asked` before it
+imports torch: it runs again with ``rag_core.hardware.AVX2_EMULATION`` set
+(torch as on an AVX2-only CPU), and the header says so.
+
 Figures in docs/benchmarks.md come only from a script's ``--markdown`` output,
 under the command that made them (bench/README.md).
 """
@@ -23,9 +27,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rag_core.hardware import Hardware, describe  # noqa: E402
+from rag_core.hardware import AVX2_EMULATION, Hardware, describe  # noqa: E402
 
 MIN_REPEATS = 3
+AVX2_FLAG = "--avx2"
+
+
+def avx2_emulated() -> bool:
+    """True when this process runs under :data:`AVX2_EMULATION` (all of its variables set)."""
+    return all(os.environ.get(k) == v for k, v in AVX2_EMULATION.items())
+
+
+def emulate_avx2_if_asked(argv: Sequence[str] | None = None) -> None:
+    """With ``--avx2`` among the arguments, replace this process by the same command under AVX2_EMULATION.
+
+    Call it before torch is imported: torch picks its kernels at import.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if AVX2_FLAG in argv[1:] and not avx2_emulated():
+        print(f"# re-running under {' '.join(f'{k}={v}' for k, v in AVX2_EMULATION.items())}", file=sys.stderr)
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *argv], {**os.environ, **AVX2_EMULATION})
 
 
 def spread(values: Sequence[float], fmt: str = "{:.3g}") -> str:
@@ -55,6 +77,10 @@ class RunInfo:
             pass
         info = cls(describe(), shlex.join(["python", str(script), *argv[1:]]),
                    dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+        if avx2_emulated():
+            info.notes.append("Emulated AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
+                              + " (torch's own kernels, oneDNN and MKL limited to AVX2, as on an AMD EPYC "
+                              "without AVX512).")
         print(f"# {info.hardware.line()}", file=sys.stderr)
         return info
 
@@ -74,3 +100,12 @@ class RunInfo:
             *self.notes,
             "",
         ]
+
+
+def publish(text: str, markdown: Path | None) -> None:
+    """Print a benchmark's markdown section, and write it to ``markdown`` when given (``--markdown FILE``)."""
+    print(text)
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(text, encoding="utf-8")
+        print(f"markdown written to {markdown}", file=sys.stderr)

@@ -162,11 +162,20 @@ def cmd_index_rebuild(args: argparse.Namespace, settings: Settings) -> int:
 SAMPLE_QUESTION = "Who was the teacher of Alexander the Great?"
 
 
+def _log_hardware() -> None:
+    """The machine and the dtype models get on it (each worker decides again, for its own CPU)."""
+    from rag_core.hardware import choose_precision, describe
+
+    log.info("hardware: %s", describe().line())
+    choose_precision("auto", "cpu")  # logs the dtype and why
+
+
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded defaults: the real sample to a published index, then one search."""
     from flows.sample import fetch_sample
     from flows.search import answer_questions, print_results
 
+    _log_hardware()
     dump = fetch_sample(settings.home / "data")
     version = run_index_rebuild(settings, (IngestConfig(dump=str(dump)), EmbedConfig(), IndexConfig(), GateConfig()))
     results = answer_questions(settings.open_store(), [SAMPLE_QUESTION], SearchConfig(version=version, k=3))

@@ -8,7 +8,6 @@ reuse table) once and keeps it for the shards it is given.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from typing import Any
 
@@ -31,6 +30,7 @@ from rag_core.index.build import (
 )
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from tasks.ingest import io_task
 from tasks.quality import artifact_key
@@ -58,13 +58,10 @@ def plan_index(store: Store, passages_url: str, embed: EmbedConfig, index: Index
 @io_task
 def embed_passages(store: Store, plan: IndexPlan, shard_id: int) -> EmbeddedShard:
     """Embed one passage shard (skipped when done; reused where vectors exist; the rest encoded)."""
-    from tqdm.auto import tqdm
-
     start, stop = plan.bounds(shard_id)
-    bar = tqdm(total=stop - start, desc=f"embed {shard_id + 1}/{plan.num_shards}", unit="passage", leave=False,
-               disable=not sys.stderr.isatty(), mininterval=1)
-    with bar:
-        shard = embed_plan_shard(store, plan, shard_id, threads=_worker_threads(), progress=bar.update)
+    with StageProgress(f"embed {shard_id + 1}/{plan.num_shards}", stop - start, "passage",
+                       log=get_run_logger().info) as progress:  # a bar on a TTY, else a line every 30 s
+        shard = embed_plan_shard(store, plan, shard_id, threads=_worker_threads(), progress=progress.update)
     record = shard.record
     if record["skipped"]:
         how = "already embedded"
@@ -78,7 +75,10 @@ def embed_passages(store: Store, plan: IndexPlan, shard_id: int) -> EmbeddedShar
 @io_task
 def build_index_shard(store: Store, plan: IndexPlan, shard_id: int) -> BuiltShard:
     """Build one shard's FAISS index, measure its held-out recall@10, write it into the unpublished version."""
-    built = build_plan_shard(store, plan, shard_id)
+    # FAISS builds in one call: off a terminal, the timer logs a line every 30 s while it works.
+    with StageProgress(f"index {shard_id + 1}/{plan.num_shards}", 1, "shard", log=get_run_logger().info) as progress:
+        built = build_plan_shard(store, plan, shard_id)
+        progress.update()
     get_run_logger().info("index %d/%d: %s vectors, %s, recall@%d %.3f (%.1f s)", shard_id + 1, plan.num_shards,
                           f"{built.ntotal:,}", built.factory, RECALL_K, mean_recall([built]), built.seconds)
     return built

@@ -20,6 +20,7 @@ from rag_core.errors import GateError
 from rag_core.index.build import RECALL_K, BuiltShard, EmbeddedShard, IndexPlan
 from rag_core.index.retention import delete_version
 from rag_core.index.versions import INDEXES_DIR
+from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from tasks.quality import GateResult, _validate, artifact_key, combine, report_markdown
 
@@ -86,7 +87,8 @@ def _recall(built: list[BuiltShard]) -> np.ndarray:
 def gate_embeddings(plan: IndexPlan, shards: list[EmbeddedShard]) -> list[GateResult]:
     """The embeddings gate on every shard."""
     norms = norm_range(plan.fingerprint)
-    return [validate_embedding_shard(s, plan.dim, norms) for s in shards]
+    with StageProgress("gate embeddings", len(shards), "shard", log=get_run_logger().info) as progress:
+        return [validate_embedding_shard(s, plan.dim, norms) for s in progress.track(shards)]
 
 
 @task

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -11,9 +10,9 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from tqdm.auto import tqdm
 
 from rag_core.errors import WikiragError
+from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, Page, iter_pages
 from rag_core.wiki.ingest import (
@@ -58,9 +57,9 @@ class DumpPlan:
 
 
 def _progress(pages: Iterable[Page], total: int | None, desc: str) -> Iterator[Page]:
-    # Bars only on a terminal: logs and CI get the per-shard log lines instead.
-    bar = tqdm(pages, total=total, desc=desc, unit="page", leave=False, disable=not sys.stderr.isatty(), mininterval=1)
-    yield from bar
+    # A bar on a terminal; elsewhere (CI, a log file) a line every 30 s while the pages last.
+    with StageProgress(f"parse {desc}", total, "page", log=get_run_logger().info) as progress:
+        yield from progress.track(pages)
 
 
 @io_task
@@ -148,7 +147,7 @@ def ingest_stream(dump: DumpSource, store: Store, plan: DumpPlan, config: Ingest
                     record = pending.popleft().result()
                     records[record["part"]] = record
 
-        for page in _progress(iter_pages(dump), None, "pages"):
+        for page in _progress(iter_pages(dump), None, "dump"):
             batch.append(page)
             if len(batch) >= config.batch_pages:
                 flush()

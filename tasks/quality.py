@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rag_core.errors import GateError
+from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from rag_core.wiki.ingest import IngestConfig, read_staged_table, write_report
 from rag_core.wiki.passages import PageCounts
@@ -210,12 +211,13 @@ def gate_passages(store: Store, dump_id: str, layout: str, records: list[dict[st
     """
     results: list[GateResult] = []
     first_chunks = []  # one page id per article and part: ids are unique globally iff these are
-    for record in records:
-        table = read_staged_table(store, dump_id, layout, record["part"])
-        distinct = len(set(table.column("page_id").to_pylist()))
-        results.append(validate_passages(table, config.words_per_passage, config.max_residue_rate))
-        results.append(validate_counts(PageCounts(**record["counts"]), distinct, table.num_rows))
-        first_chunks.append(table.filter(pc.equal(table["chunk"], 0)).column("page_id").to_numpy())
+    with StageProgress("gate passages", len(records), "part", log=get_run_logger().info) as progress:
+        for record in progress.track(records):
+            table = read_staged_table(store, dump_id, layout, record["part"])
+            distinct = len(set(table.column("page_id").to_pylist()))
+            results.append(validate_passages(table, config.words_per_passage, config.max_residue_rate))
+            results.append(validate_counts(PageCounts(**record["counts"]), distinct, table.num_rows))
+            first_chunks.append(table.filter(pc.equal(table["chunk"], 0)).column("page_id").to_numpy())
     # passage ids are "{page_id}-{revision}-{chunk}", unique within each part (checked above); an article
     # split across parts would show its page id twice here. This keeps memory at 8 bytes an article.
     results.append(validate_unique_pages(np.concatenate(first_chunks) if first_chunks else np.array([], np.int64)))

@@ -19,11 +19,30 @@ Passage format (it changes the vectors, so it is part of the fingerprint):
 
 Questions are encoded as themselves, by the question encoder when there is one.
 
+Precision: ``dtype="auto"`` (the default) asks :func:`rag_core.hardware.choose_precision`
+where the model loads: bf16 weights where this CPU (AMX, AVX512-BF16) or GPU
+computes bf16 natively and a timed probe confirms it, float32 elsewhere (on
+an AVX2-only CPU bf16 is ~50x slower). ``float32``/``bfloat16`` force one.
+bf16 vectors stay within cosine 0.999 of float32 on real passages (a test
+checks it); pooling and outputs are float32 either way.
+
+Fingerprints: ``fingerprint["dtype"]`` records the dtype actually used, but
+the dtype is *not* part of ``fingerprint_id`` (the key of the embedding
+files): vectors of the two dtypes are interchangeable for retrieval (cosine
+>= 0.999), and a key that changed with the CPU would make an AVX2 machine
+re-encode every passage an AMX machine already embedded (no reuse, no
+resume across machines), and split one run's shards across keys when its
+workers differ. Each shard's JSON keeps the full fingerprint it was written
+with, so which dtype made which vectors stays on record.
+
 Speed: texts are tokenized once, sorted by token length and batched so that a
 batch pads little (the output keeps the input order); inference runs under
-``torch.inference_mode``; ``dtype="bfloat16"`` keeps the weights in bf16
-(cosine >= 0.999 to float32 on real passages; a test checks it) and pooling
-and outputs in float32.
+``torch.inference_mode``. ``engine="onnx"`` (optional, ``pip install
+wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
+texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
+it measured no faster than torch, natively or under the AVX2 emulation
+(docs/benchmarks.md). The engine is recorded in the fingerprint, not in
+``fingerprint_id``.
 """
 
 from __future__ import annotations
@@ -40,6 +59,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_core.errors import WikiragError
+from rag_core.hardware import DtypeChoice, Precision, choose_precision
+from rag_core.index import onnx_engine
+from rag_core.index.onnx_engine import OnnxTower
 
 if TYPE_CHECKING:  # torch loads on first use: importing the config (e.g. in a flow) stays cheap
     import torch
@@ -51,6 +73,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")
 # What must agree between the encoder an index was built with and the one that queries it.
 # dtype and max_length may differ: bf16 and fp32 agree to cosine >= 0.999, and questions are short.
 MUST_MATCH = ("kind", "weights_sha256", "question_weights_sha256", "dim", "pooling", "normalize")
+# Fingerprint fields that do not decide which embedding files passages share (see the module docstring).
+NOT_IN_FINGERPRINT_ID = ("name", "question_weights_sha256", "dtype", "engine")
 
 
 class EncoderError(WikiragError):
@@ -67,15 +91,17 @@ class EncoderConfig(BaseModel):
     pooling: Literal["mean", "cls"] | None = Field(None, description="None = from the model kind (DPR: cls)")
     normalize: bool | None = Field(None, description="L2-normalise vectors; None = from the model kind (DPR: no)")
     max_length: int = Field(256, ge=8, description="tokens per text; clamped to the model's positions")
-    dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="weight dtype; use float32 on CPUs "
-                                                  "without native bf16 (no AVX512-BF16/AMX), where bf16 is slow")
+    dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
+                               "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
+    engine: Literal["torch", "onnx"] = Field("torch", description="onnx = ONNX Runtime for float32 on CPU "
+                                             "(optional extra wikirag[onnx]; see onnx_engine)")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
 
 
 def default_encoder_config() -> EncoderConfig:
-    """The packaged all-MiniLM-L6-v2 with its defaults (mean pooling, normalised, bf16)."""
+    """The packaged all-MiniLM-L6-v2 with its defaults (mean pooling, normalised, dtype auto)."""
     return EncoderConfig()
 
 
@@ -97,6 +123,8 @@ class _Tower:
     model: torch.nn.Module
     tokenizer: Any
     weights_sha256: str
+    model_cls: Any  # what loaded it (AutoModel, DPRContextEncoder, ...): the ONNX export loads it again
+    output: str  # the output pool() reads: "last_hidden_state", or "pooler_output" for DPR
 
 
 def _read_model_config(path: Path, role: str) -> dict[str, Any]:
@@ -167,11 +195,24 @@ def weights_sha256(path: Path) -> str:
     return _hash_files(files)
 
 
-def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConfig) -> _Tower:
-    import torch
+def _engine(config: EncoderConfig, precision: Precision) -> str:
+    """"onnx" or "torch" for this config on this machine (see ``EncoderConfig.engine``)."""
+    fp32_cpu = precision.dtype == "float32" and config.device == "cpu"
+    if config.engine == "onnx":
+        if not fp32_cpu:
+            raise EncoderError(f"engine onnx runs float32 on CPU, not {precision.dtype} on {config.device}; "
+                               "set dtype float32 and device cpu, or engine torch")
+        if not onnx_engine.available():
+            raise EncoderError("engine onnx needs onnxruntime and onnx: pip install 'wikirag[onnx]', "
+                               "or set engine to torch")
+        return "onnx"
+    return "torch"
+
+
+def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConfig, precision: Precision) -> _Tower:
     from transformers import AutoModel, AutoTokenizer, DPRContextEncoder, DPRQuestionEncoder
 
-    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    dtype = precision.torch_dtype
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:
@@ -184,7 +225,8 @@ def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConf
         raise EncoderError(f"{path}: cannot load the {role} model ({type(exc).__name__}: {str(exc)[:160]}); "
                            "check that the directory holds a complete save_pretrained() output") from exc
     model.eval().to(config.device)
-    return _Tower(path, model, tokenizer, weights_sha256(path))
+    output = "pooler_output" if dpr_role else "last_hidden_state"
+    return _Tower(path, model, tokenizer, weights_sha256(path), cls, output)
 
 
 class Encoder:
@@ -193,12 +235,16 @@ class Encoder:
     Build it with :meth:`load`. ``fingerprint`` names everything that makes the
     vectors what they are; ``fingerprint_id`` is a short hex of the part that
     decides the passage vectors (so embedding files are shared by runs with the
-    same passage encoder, whatever the name or the question tower).
+    same passage encoder, whatever the name, the question tower or the dtype
+    this CPU chose).
     """
 
     def __init__(self, config: EncoderConfig, kind: str, pooling: str, normalize: bool, max_length: int,
-                 context: _Tower, question: _Tower | None) -> None:
+                 context: _Tower, question: _Tower | None, precision: Precision) -> None:
         self.config = config
+        self.precision = precision  # the dtype the weights run in, and why
+        self.engine = _engine(config, precision)
+        self._onnx: dict[int, OnnxTower] = {}  # id(tower) -> its exported session, built on first large call
         self.kind = kind
         self.pooling = pooling
         self.normalize = normalize
@@ -217,10 +263,11 @@ class Encoder:
             "pooling": pooling,
             "normalize": normalize,
             "max_length": max_length,
-            "dtype": config.dtype,
+            "dtype": precision.dtype,  # resolved: never "auto"
+            "engine": self.engine,  # "onnx": calls of >= onnx_engine.MIN_TEXTS texts run in ONNX Runtime
             "passage_format": "pair(title, text)" if kind == "dpr" else "{title}. {text}",
         }
-        passage_side = {k: v for k, v in self.fingerprint.items() if k not in ("name", "question_weights_sha256")}
+        passage_side = {k: v for k, v in self.fingerprint.items() if k not in NOT_IN_FINGERPRINT_ID}
         self.fingerprint_id = hashlib.sha256(json.dumps(passage_side, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
@@ -251,10 +298,12 @@ class Encoder:
             pooling, normalize = _sentence_defaults(path)
         pooling = config.pooling or pooling
         normalize = normalize if config.normalize is None else config.normalize
-        context = _load_tower(path, "passage", dpr_role, config)
-        question = _load_tower(q_path, "question", "question" if dpr_role else None, config) if q_path else None
+        precision = choose_precision(config.dtype, config.device)
+        context = _load_tower(path, "passage", dpr_role, config, precision)
+        question = (_load_tower(q_path, "question", "question" if dpr_role else None, config, precision)
+                    if q_path else None)
         positions = getattr(context.model.config, "max_position_embeddings", None) or config.max_length
-        return cls(config, kind, pooling, normalize, min(config.max_length, positions), context, question)
+        return cls(config, kind, pooling, normalize, min(config.max_length, positions), context, question, precision)
 
     # -- encoding ------------------------------------------------------------
     def encode_passages(self, titles: Sequence[str], texts: Sequence[str],
@@ -288,6 +337,7 @@ class Encoder:
         # Longest first: the largest batch comes first, so memory peaks at once, not at the end.
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         pad_id = tower.tokenizer.pad_token_id or 0
+        model = self._model(tower, len(first))
         with torch.inference_mode():
             for start in range(0, len(order), self.config.batch_size):
                 rows = order[start:start + self.config.batch_size]
@@ -301,19 +351,28 @@ class Encoder:
                     mask[j, :n] = 1
                     if types is not None:
                         token_types[j, :n] = torch.tensor(types[i])
-                pooled = self._forward(tower, input_ids, mask, token_types)
+                pooled = self._forward(model, input_ids, mask, token_types)
                 out[rows] = pooled.cpu().numpy()
                 if progress is not None:
                     progress(len(rows))
         return out
 
-    def _forward(self, tower: _Tower, input_ids: torch.Tensor, mask: torch.Tensor,
-                 token_types: torch.Tensor) -> torch.Tensor:
-        import torch
+    def _model(self, tower: _Tower, n_texts: int) -> Any:
+        """The torch model, or its ONNX Runtime session for a large enough call (exported once)."""
+        if self.engine != "onnx" or n_texts < onnx_engine.MIN_TEXTS:
+            return tower.model
+        if id(tower) not in self._onnx:
+            import torch
 
+            self._onnx[id(tower)] = onnx_engine.export_tower(tower.path, tower.model_cls, tower.output,
+                                                             torch.get_num_threads())
+        return self._onnx[id(tower)]
+
+    def _forward(self, model: Any, input_ids: torch.Tensor, mask: torch.Tensor,
+                 token_types: torch.Tensor) -> torch.Tensor:
         device = self.config.device
-        output = tower.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                             token_type_ids=token_types.to(device))
+        output = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                       token_type_ids=token_types.to(device))
         return pool(output, mask.to(device), self.kind, self.pooling, self.normalize)
 
 

@@ -71,7 +71,7 @@ def write_dump(directory: Path, pages: list[tuple[int, str, str, int]], name: st
 
 def rebuild(address: str, dump: Path, index: Path, store: str | StoreAccess, encoder: Path | None, *,
             shards: int = 3, **index_config) -> str:
-    encoder_config = EncoderConfig(path=str(encoder) if encoder else None, dtype="float32")
+    encoder_config = EncoderConfig(path=str(encoder) if encoder else None)  # dtype auto: what users get
     return index_rebuild.with_options(task_runner=dask_runner(address, 0))(
         ingest_config=IngestConfig(dump=str(dump), index=str(index)),
         store=store,
@@ -271,7 +271,7 @@ def test_a_killed_rebuild_resumes_without_reencoding_finished_shards(
         articles: list, home: Path, prefect_server: str, tmp_path: Path) -> None:
     dump, index = write_dump(tmp_path, _pages(articles[:10]))
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
-    args = ("index-rebuild", str(dump), "--index", str(index), "--shards", "8", "--encoder-dtype", "float32")
+    args = ("index-rebuild", str(dump), "--index", str(index), "--shards", "8", "--encoder-dtype", "auto")
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     embeddings = home / "store" / "embeddings"
@@ -338,6 +338,8 @@ def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, pr
     shutil.copy(SAMPLE_BZ2, home / "data" / SAMPLE_NAME)  # the same bytes as the wheel's: fetching is tested elsewhere
     proc = _cli("run", env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hardware: CPU " in proc.stderr and "torch capability " in proc.stderr  # the machine, then the dtype
+    assert "model dtype float32 on cpu: " in proc.stderr or "model dtype bfloat16 on cpu: " in proc.stderr
     assert "Q: Who was the teacher of Alexander the Great?" in proc.stdout
     first = proc.stdout.splitlines()[1]
     assert "] Aristotle:" in first  # the top passage is Aristotle's

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rag_core
+from rag_core.hardware import choose_precision
 from rag_core.index.encoders import (
     Encoder,
     EncoderConfig,
@@ -101,12 +102,81 @@ def test_fingerprint_is_stable_and_tracks_settings(fp32: Encoder, bf16: Encoder)
     again = Encoder.load(EncoderConfig(dtype="float32"))
     assert again.fingerprint == fp32.fingerprint and again.fingerprint_id == fp32.fingerprint_id
     assert len(fp32.fingerprint_id) == 16 and int(fp32.fingerprint_id, 16) >= 0
-    assert bf16.fingerprint_id != fp32.fingerprint_id and bf16.fingerprint["dtype"] == "bfloat16"
+    # The dtype is recorded but does not key the embedding files: bf16 and fp32 vectors are interchangeable.
+    assert (bf16.fingerprint["dtype"], fp32.fingerprint["dtype"]) == ("bfloat16", "float32")
+    assert bf16.fingerprint_id == fp32.fingerprint_id
     assert bf16.fingerprint["weights_sha256"] == fp32.fingerprint["weights_sha256"]
     cls = Encoder.load(EncoderConfig(dtype="float32", pooling="cls"))
     assert cls.fingerprint["pooling"] == "cls" and cls.fingerprint_id != fp32.fingerprint_id
     renamed = Encoder.load(EncoderConfig(dtype="float32", name="minilm"))
     assert renamed.fingerprint["name"] == "minilm" and renamed.fingerprint_id == fp32.fingerprint_id
+
+
+def test_auto_dtype_is_the_default_and_the_fingerprint_records_what_this_machine_chose() -> None:
+    assert EncoderConfig().dtype == "auto"
+    encoder = Encoder.load(EncoderConfig())
+    chosen = choose_precision("auto", "cpu")
+    assert encoder.precision == chosen and encoder.fingerprint["dtype"] == chosen.dtype
+    assert next(encoder.context.model.parameters()).dtype == chosen.torch_dtype
+
+
+def test_vectors_embedded_in_one_dtype_are_reused_by_a_machine_running_the_other(
+        passages: list[dict], fp32: Encoder, bf16: Encoder, tmp_path: Path) -> None:
+    """An AMX machine (bf16) embeds a shard; an AVX2 one (fp32) finds it done and searches it, and back."""
+    import pyarrow as pa
+
+    from rag_core.index.embeddings import embed_shard, load_reuse_table, read_shard
+    from rag_core.storage import Store
+
+    rows = passages[:6]
+    table = pa.table({"passage_id": [f"p{i}" for i in range(6)], "title": [r["title"] for r in rows],
+                      "text": [r["text"] for r in rows]})
+    store = Store(str(tmp_path / "store"))
+    first = embed_shard(store, "dump-a", table, bf16, 0)
+    assert (first["skipped"], first["encoded"], first["fingerprint"]["dtype"]) == (False, 6, "bfloat16")
+    again = embed_shard(store, "dump-a", table, fp32, 0)
+    assert again["skipped"] and again["fingerprint"]["dtype"] == "bfloat16"  # the record says who wrote it
+    # Incremental rebuild of a later dump on the fp32 machine: every vector reused, none encoded.
+    later = embed_shard(store, "dump-b", table, fp32, 0, load_reuse_table(store, fp32.fingerprint_id, "dump-a"))
+    assert (later["reused"], later["encoded"]) == (6, 0)
+    check_compatible(first["fingerprint"], fp32.fingerprint)  # and an fp32 query encoder may search them
+    _, stored = read_shard(store, fp32.fingerprint_id, "dump-a", 0)
+    fresh = fp32.encode_passages(*_columns(rows))
+    assert ((stored * fresh).sum(1) / np.linalg.norm(stored, axis=1) / np.linalg.norm(fresh, axis=1)).min() >= 0.999
+
+
+def test_onnx_engine_gives_torch_float32_vectors_for_large_calls_only(
+        passages: list[dict], fp32_vectors: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("onnxruntime", reason="the onnx engine is optional: pip install 'wikirag[onnx]'")
+    from transformers import DPRContextEncoder
+
+    from rag_core.index import onnx_engine
+
+    onnx = Encoder.load(EncoderConfig(dtype="float32", engine="onnx"))
+    assert onnx.engine == "onnx" and onnx.fingerprint["engine"] == "onnx"
+    assert onnx.fingerprint_id == Encoder.load(EncoderConfig(dtype="float32", engine="torch")).fingerprint_id
+    onnx.encode_questions(["who founded anarchism?"] * 5)
+    assert onnx._onnx == {}  # a few questions never pay for an export
+    monkeypatch.setattr(onnx_engine, "MIN_TEXTS", 16)  # the 64 passages count as a large call here
+    vectors = onnx.encode_passages(*_columns(passages))
+    assert len(onnx._onnx) == 1 and vectors.dtype == np.float32
+    np.testing.assert_allclose(vectors, fp32_vectors, atol=2e-5)
+
+    _save_tiny_dpr(DPRContextEncoder, tmp_path / "ctx", projection_dim=16, seed=0)  # the pooler_output path
+    dpr = Encoder.load(EncoderConfig(path=str(tmp_path / "ctx"), dtype="float32", engine="onnx", max_length=128))
+    titles, texts = _columns(passages[:20])
+    reference = Encoder.load(EncoderConfig(path=str(tmp_path / "ctx"), dtype="float32", engine="torch",
+                                           max_length=128)).encode_passages(titles, texts)
+    np.testing.assert_allclose(dpr.encode_passages(titles, texts), reference, atol=1e-5)
+    assert len(dpr._onnx) == 1
+
+
+def test_engine_is_torch_unless_onnx_is_asked_for_float32_on_cpu() -> None:
+    pytest.importorskip("onnxruntime", reason="the onnx engine is optional: pip install 'wikirag[onnx]'")
+    assert Encoder.load(EncoderConfig(dtype="float32")).engine == "torch"
+    assert Encoder.load(EncoderConfig(dtype="float32", engine="onnx")).engine == "onnx"
+    with pytest.raises(EncoderError, match="engine onnx runs float32 on CPU, not bfloat16 on cpu"):
+        Encoder.load(EncoderConfig(dtype="bfloat16", engine="onnx"))
 
 
 def test_check_compatible(fp32: Encoder, bf16: Encoder) -> None:
