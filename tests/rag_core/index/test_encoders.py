@@ -125,22 +125,23 @@ def test_vectors_embedded_in_one_dtype_are_reused_by_a_machine_running_the_other
     """An AMX machine (bf16) embeds a shard; an AVX2 one (fp32) finds it done and searches it, and back."""
     import pyarrow as pa
 
-    from rag_core.index.embeddings import embed_shard, load_reuse_table, read_shard
+    from rag_core.index.embed import embed_rows, load_reuse_table
+    from rag_core.index.embeddings import read_rows
     from rag_core.storage import Store
 
     rows = passages[:6]
     table = pa.table({"passage_id": [f"p{i}" for i in range(6)], "title": [r["title"] for r in rows],
                       "text": [r["text"] for r in rows]})
     store = Store(str(tmp_path / "store"))
-    first = embed_shard(store, "dump-a", table, bf16, 0)
+    first = embed_rows(store, "dump-a", 0, table, bf16)
     assert (first["skipped"], first["encoded"], first["fingerprint"]["dtype"]) == (False, 6, "bfloat16")
-    again = embed_shard(store, "dump-a", table, fp32, 0)
+    again = embed_rows(store, "dump-a", 0, table, fp32)
     assert again["skipped"] and again["fingerprint"]["dtype"] == "bfloat16"  # the record says who wrote it
     # Incremental rebuild of a later dump on the fp32 machine: every vector reused, none encoded.
-    later = embed_shard(store, "dump-b", table, fp32, 0, load_reuse_table(store, fp32.fingerprint_id, "dump-a"))
+    later = embed_rows(store, "dump-b", 0, table, fp32, load_reuse_table(store, fp32.fingerprint_id, "dump-a"))
     assert (later["reused"], later["encoded"]) == (6, 0)
     check_compatible(first["fingerprint"], fp32.fingerprint)  # and an fp32 query encoder may search them
-    _, stored = read_shard(store, fp32.fingerprint_id, "dump-a", 0)
+    _, stored = read_rows(store, fp32.fingerprint_id, "dump-a", 0, 6)
     fresh = fp32.encode_passages(*_columns(rows))
     assert ((stored * fresh).sum(1) / np.linalg.norm(stored, axis=1) / np.linalg.norm(fresh, axis=1)).min() >= 0.999
 
