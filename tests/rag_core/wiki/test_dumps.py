@@ -185,3 +185,18 @@ def test_index_beyond_the_end_and_garbage_index(wiki: Path, tmp_path: Path) -> N
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DumpError, match="no such file"):
         list(iter_pages(DumpSource(str(tmp_path / "absent.xml.bz2"))))
+
+
+def test_bytes_split_anywhere_parse_the_same() -> None:
+    """Bytes go to expat as they come: a chunk may end inside a UTF-8 character or an entity."""
+    from rag_core.wiki.dumps import PageParser, parse_pages
+
+    xml = export_xml([page_xml(1, "Café Zürich", "Ünïcödé &amp; <ref>日本語</ref> text"),
+                      page_xml(2, "Ωmega", "more — words")]).encode()
+    whole = list(parse_pages([xml], "whole.xml"))
+    assert [p.title for p in whole] == ["Café Zürich", "Ωmega"]
+    assert whole[0].text == "Ünïcödé &amp; <ref>日本語</ref> text"
+    for cut in range(1, len(xml)):
+        parser = PageParser("split.xml")
+        pages = parser.feed(xml[:cut]) + parser.feed(xml[cut:]) + parser.close()
+        assert pages == whole, cut
