@@ -18,7 +18,8 @@ import operator
 import re
 
 # Bump when the output of clean_wikitext changes: passage sets are keyed by it.
-CLEANER_VERSION = "1"
+# 2: an unclosed "[[" no longer repeats the text before it (version 1 wrote that text twice).
+CLEANER_VERSION = "2"
 
 # Bodies are written as "runs without the closer's first character" rather than a lazy ".*?",
 # which would try the closer at every character of every comment and reference.
@@ -33,10 +34,10 @@ _PAIRED = re.compile(rf"<(?=[A-Za-z])({_DROPPED_TAGS})\b[^>]*>[^<]*(?:<(?!/\1\s*
 # pattern a plain character scan (a line anchor would make the engine try every position).
 # A template with no brace inside is one token (one loop step instead of two); then the
 # openers and closers.  (Capture groups would cost the engine its fast scan for "{", "}", "|".)
-_BLOCK_TOKENS = re.compile(r"\{\{[^{}]*\}\}|\{\{|\}\}|\{\||\|\}(?!\})")
+_BLOCK_TOKENS = re.compile(r"(\{\{[^{}]*\}\}|\{\{|\}\}|\{\||\|\}(?!\}))")  # one group: split keeps tokens
 _CLOSER = {"{{": "}}", "{|": "|}"}
 # A link with no bracket inside is one token (one loop step instead of two); then "[[" and "]]".
-_LINK_TOKENS = re.compile(r"\[\[[^\[\]]*\]\]|\[\[|\]\]")
+_LINK_TOKENS = re.compile(r"(\[\[[^\[\]]*\]\]|\[\[|\]\])")  # one group: split keeps tokens
 # Interlanguage prefixes are lower case; an upper-case prefix is an ordinary title with a colon.
 _LANG_PREFIX = re.compile(r"^\s*(?:[a-z]{2,3}(?:-[a-z]{2,8})*|simple)\s*:")
 _NAMESPACE_PREFIX = re.compile(
@@ -95,46 +96,53 @@ def redirect_target(wikitext: str) -> str | None:
 
 def _remove_blocks(text: str) -> str:
     """Drop templates ``{{...}}`` and tables ``{|...|}``, nested to any depth."""
-    out: list[str] = []
-    stack: list[tuple[str, int]] = []  # (closing token, where the block opened)
-    keep_from = 0
-    for m in _BLOCK_TOKENS.finditer(text):
-        tok, at = m.group(), m.start()
+    parts = _BLOCK_TOKENS.split(text)  # [text, token, text, token, ..., text]
+    if len(parts) == 1:
+        return text
+    out = [parts[0]]
+    stack: list[tuple[str, int]] = []  # (closing token, index in parts of the block's opener)
+    for i in range(1, len(parts), 2):
+        tok = parts[i]
         if len(tok) > 2:  # a whole template with no brace inside
             if not stack:
-                out.append(text[keep_from:at])
-                keep_from = m.end()
+                out.append(parts[i + 1])
             continue  # inside another block, which is dropped whole
-        if tok[0] == "|" or tok[1] == "|":
-            line_start = text.rfind("\n", 0, at) + 1
-            if text[line_start:at].strip():
-                continue  # "{|" or "|}" inside a line is not a table
+        if (tok[0] == "|" or tok[1] == "|") and not _at_line_start(parts, i):
+            if not stack:
+                out.append(tok)  # "{|" or "|}" inside a line is not a table
+                out.append(parts[i + 1])
+            continue
         closer = _CLOSER.get(tok)
         if closer is not None:
-            if not stack:
-                out.append(text[keep_from:at])
-            stack.append((closer, at))
+            stack.append((closer, i))
             continue
         if stack and stack[-1][0] == tok:  # the usual case: it closes the innermost block
             stack.pop()
         else:
-            depth = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == tok), None)
+            depth = next((k for k in range(len(stack) - 1, -1, -1) if stack[k][0] == tok), None)
             if depth is None:
                 if not stack:  # a stray closer outside any block: drop just the token
-                    out.append(text[keep_from:at])
-                    keep_from = m.end()
+                    out.append(parts[i + 1])
                 continue
             del stack[depth:]
         if not stack:
-            keep_from = m.end()
+            out.append(parts[i + 1])
     if stack:
         # An unclosed block swallows only the rest of its paragraph, not the article.
-        end = text.find("\n\n", stack[0][1])
+        rest = "".join(parts[stack[0][1] :])
+        end = rest.find("\n\n")
         if end >= 0:
-            out.append(_remove_blocks(text[end:]))
-    else:
-        out.append(text[keep_from:])
+            out.append(_remove_blocks(rest[end:]))
     return "".join(out)
+
+
+def _at_line_start(parts: list[str], i: int) -> bool:
+    """Whether token ``parts[i]`` has only whitespace before it on its line (tokens are never blank)."""
+    before = parts[i - 1]
+    newline = before.rfind("\n")
+    if newline >= 0:
+        return not before[newline + 1 :].strip()
+    return i == 1 and not before.strip()
 
 
 def _link_text(inner: str) -> str:
@@ -151,34 +159,43 @@ def _replace_links(text: str) -> str:
     A link holding another link is dropped whole; a stray ``]]`` is dropped; an
     unclosed ``[[`` drops the rest of the text.
     """
-    out: list[str] = []
+    parts = _LINK_TOKENS.split(text)  # [text, token, text, token, ..., text]
+    if len(parts) == 1:
+        return text
+    out = [parts[0]]
     depth = 0
-    keep_from = 0
-    start = 0
-    for m in _LINK_TOKENS.finditer(text):
-        tok = m.group()
-        if len(tok) > 2:  # a whole link with no bracket inside
-            if depth == 0:
-                out.append(text[keep_from : m.start()])
-                out.append(_link_text(tok[2:-2]))
-                keep_from = m.end()
-            continue  # inside another link, which is dropped whole
-        if tok == "[[":
-            if depth == 0:
-                out.append(text[keep_from : m.start()])
-                start = m.end()
-            depth += 1
-        elif depth:
+    inner: list[str] = []  # the open top-level link's text so far
+    nested = False
+    for i in range(1, len(parts), 2):
+        tok, after = parts[i], parts[i + 1]
+        if depth == 0:
+            if len(tok) > 2:  # a whole link with no bracket inside: the usual case
+                link = tok[2:-2]
+                if ":" in link:
+                    out.append(_link_text(link))
+                else:
+                    target, bar, label = link.partition("|")
+                    label = label.strip() if bar else ""
+                    out.append(label or target.strip())
+                out.append(after)
+            elif tok == "[[":
+                depth, inner, nested = 1, [after], False
+            else:  # a stray "]]": dropped
+                out.append(after)
+            continue
+        if tok == "]]":
             depth -= 1
             if depth == 0:
-                inner = text[start : m.start()]
-                out.append(_link_text(inner) if "[[" not in inner else "")
-                keep_from = m.end()
+                out.append("" if nested else _link_text("".join(inner)))
+                out.append(after)
+                continue
         else:
-            out.append(text[keep_from : m.start()])
-            keep_from = m.end()
-    out.append(text[keep_from:] if depth == 0 else text[keep_from : start - 2])
-    return "".join(out)
+            nested = True
+            if tok == "[[":
+                depth += 1
+        inner.append(tok)
+        inner.append(after)
+    return "".join(out)  # an unclosed "[[" leaves out everything after it
 
 
 def _spaces(text: str) -> str:

@@ -49,7 +49,8 @@ def plain_links(text: str) -> str:
         else:
             out.append(text[keep_from : m.start()])
             keep_from = m.end()
-    out.append(text[keep_from:] if depth == 0 else text[keep_from : start - 2])
+    if depth == 0:  # else an unclosed "[[" drops the rest (the text before it is out already)
+        out.append(text[keep_from:])
     return "".join(out)
 
 
