@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--index", help="multistream index (offset:page_id:title, .txt or .txt.bz2): parallel parsing")
     with_engine(ingest)
     ingest.add_argument("--words", type=int, default=100, help="words per passage (default 100, as DPR)")
-    ingest.add_argument("--shards", type=int, default=0, help="multistream shards (default: one per 4 MiB of dump, at least 4)")
+    ingest.add_argument("--shards", type=int, default=0, help="multistream shards (default: one per 8 MiB of dump, at least 4)")
     ingest.add_argument("--keep-disambiguation", action="store_true", help="chunk disambiguation pages too")
     ingest.add_argument("--max-residue-rate", type=float, default=0.01,
                         help="gate: largest share of passages that may keep wiki markup (default 0.01)")
