@@ -200,3 +200,21 @@ def test_bytes_split_anywhere_parse_the_same() -> None:
         parser = PageParser("split.xml")
         pages = parser.feed(xml[:cut]) + parser.feed(xml[cut:]) + parser.close()
         assert pages == whole, cut
+
+
+def test_rust_and_stdlib_bz2_give_the_same_bytes_and_errors(wiki: Path) -> None:
+    """Multistream streams are decompressed by libbz2's Rust port where installed; the stdlib is the reference."""
+    from rag_core.wiki import multistream
+
+    if multistream._rust_bz2 is None:
+        pytest.skip("cramjam-pure-rust is not installed: only the stdlib path runs")
+    data = MULTISTREAM.read_bytes()
+    streams = read_index(DumpSource(str(MULTISTREAM_INDEX)))
+    start = streams[0].offset  # page streams and the footer, after the header stream
+    rust = multistream.decompress_streams(data[start:], "d", start)
+    assert rust == multistream.decompress_streams(data[start:], "d", start, use_rust=False)
+    assert rust.count(b"<page>") == sum(len(s.page_ids) for s in streams)
+    for bad in (data[start : (start + len(data)) // 2], data[start : start + 200] + b"\x00" * 64 + data[start + 264 :]):
+        for use_rust in (True, False):
+            with pytest.raises(DumpError, match="corrupt|cut short"):
+                multistream.decompress_streams(bad, "d", start, use_rust=use_rust)
