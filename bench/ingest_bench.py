@@ -16,9 +16,10 @@ server):
 * ``wikirag ingest DUMP --index INDEX --workers 2`` (and ``--workers 1`` with
   ``--parts scaling``);
 * wikiextractor 3.1.0, ``--processes 2``, its defaults otherwise;
-* the floor, in this process: the ``bz2`` module decompressing the whole dump
-  on one core, and the multistream dump's streams split in two halves on two
-  processes.
+* the floor: bz2 decompression alone over the multistream dump's streams, in
+  ~8 MiB runs of whole streams as a worker reads them: the standard library's
+  libbz2 on one process, and libbz2's Rust port (cramjam-pure-rust, what
+  wikirag reads with) on one process and on two (the streams split in halves).
 
 Wall time and peak memory (the summed RSS of the command's process tree,
 sampled every 0.1 s) come from outside; wikirag's log timestamps split its
@@ -259,39 +260,48 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def bz2_floor(dump: Dump) -> float:
-    """Seconds to decompress the whole file with the ``bz2`` module on one core."""
-    t0 = time.perf_counter()
-    with bz2.open(dump.path, "rb") as f:
-        while f.read(8 << 20):
-            pass
-    return time.perf_counter() - t0
+def _decompress_range(path: str, start: int, end: int, rust: bool) -> int:
+    """Decompress the bz2 streams in bytes [start, end) of a file, as wikirag's shards do; returns bytes out."""
+    from rag_core.wiki.multistream import decompress_streams
 
-
-def _decompress_range(path: str, start: int, end: int) -> int:
-    """Decompress the bz2 streams in bytes [start, end) of a file; returns decompressed bytes."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    total = 0
-    while data:
-        d = bz2.BZ2Decompressor()
-        total += len(d.decompress(data))
-        data = d.unused_data
-    return total
+    return len(decompress_streams(data, path, start, use_rust=rust))
 
 
-def bz2_floor_parallel(dump: Dump, procs: int) -> float:
-    """Seconds to decompress a multistream dump's streams split into ``procs`` contiguous byte ranges."""
+def bz2_floor(dump: Dump, procs: int, rust: bool) -> float:
+    """Seconds to decompress a multistream dump cut into ``procs`` contiguous runs of whole streams, one process each.
+
+    Each process reads its run in ~8 MiB pieces that end on a stream boundary, as a worker reads a shard.
+    """
     lines = bz2.decompress(dump.index.read_bytes()).decode("utf-8").splitlines()
     offsets = sorted({int(line.split(":", 1)[0]) for line in lines})
     size = dump.path.stat().st_size
-    cuts = [0] + [offsets[len(offsets) * k // procs] for k in range(1, procs)] + [size]
+    bounds = [0]
+    for off in offsets:
+        if off - bounds[-1] >= 8 << 20:
+            bounds.append(off)
+    bounds.append(size)
+    pieces = list(zip(bounds[:-1], bounds[1:]))
+    runs = [pieces[len(pieces) * k // procs : len(pieces) * (k + 1) // procs] for k in range(procs)]
     with ProcessPoolExecutor(procs) as pool:
         pool.submit(int, 0).result()  # processes up before the clock starts
         t0 = time.perf_counter()
-        list(pool.map(_decompress_range, [str(dump.path)] * procs, cuts[:-1], cuts[1:]))
+        futures = [pool.submit(_decompress_run, str(dump.path), run, rust) for run in runs]
+        for f in futures:
+            f.result()
         return time.perf_counter() - t0
+
+
+def _decompress_run(path: str, run: list[tuple[int, int]], rust: bool) -> int:
+    return sum(_decompress_range(path, a, b, rust) for a, b in run)
+
+
+def rust_bz2_available() -> bool:
+    from rag_core.wiki import multistream
+
+    return multistream._rust_bz2 is not None
 
 
 def wikirag_command() -> list[str]:
@@ -526,7 +536,7 @@ def per_rep(res: Results, reps: int, value: Callable[[int], float | None]) -> li
 
 
 def floors_table(res: Results, dump: Dump) -> list[str]:
-    lines = ["| floor | input | seconds | pages/s |", "|---|---|---:|---:|"]
+    lines = ["| floor: bz2 decompression alone | input | seconds | pages/s |", "|---|---|---:|---:|"]
     for label, secs in res.floors.items():
         lines.append(f"| {label} | {dump.label} | {spread_or_na(secs, '{:.1f}')} | "
                      f"{spread_or_na([dump.pages / s for s in secs])} |")
@@ -721,11 +731,17 @@ def bench_quality(res: Results, sample: Dump, work: Path) -> None:
 
 
 def bench_floors(res: Results, main: Dump, reps: int) -> None:
+    """bz2 alone over the dump's streams: the standard library's libbz2, and the Rust port wikirag reads with."""
+    rows = [("stdlib bz2 (libbz2), 1 process", 1, False)]
+    if rust_bz2_available():
+        rows += [("libbz2-rs (cramjam-pure-rust, wikirag's reader), 1 process", 1, True),
+                 ("libbz2-rs, streams split in 2 halves, 2 processes", 2, True)]
+    else:
+        rows += [("stdlib bz2, streams split in 2 halves, 2 processes", 2, False)]
     for k in range(reps):
         log(f"floors, repetition {k + 1}/{reps}")
-        res.floors.setdefault("bz2 decompression, 1 core", []).append(bz2_floor(main))
-        res.floors.setdefault("bz2 decompression, streams split in 2 halves (2 processes)", []).append(
-            bz2_floor_parallel(main, 2))
+        for label, procs, rust in rows if k % 2 == 0 else rows[::-1]:
+            res.floors.setdefault(label, []).append(bz2_floor(main, procs, rust))
 
 
 def bench_repetitions(res: Results, dumps: dict[int, Dump], main: Dump, parts: set[str], reps: int, work: Path,
