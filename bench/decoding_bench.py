@@ -13,12 +13,14 @@ Rows:
 * RAG-Sequence fast: ``rag_sequence_generate(mode="fast")``, with its top-1
   agreement with thorough.
 
-Each row takes turns with the others ``--reps`` times; the fastest call counts, so
-that a busy machine slows all rows alike. Contexts are unpadded (the reference drops
-the attention mask for RAG-Sequence's per-document beams).
+Each row takes turns with the others ``--reps`` times (at least 3), so that a busy
+machine slows all rows alike; every time is reported as min / median / max over the
+repetitions, and every speed ratio is taken within one repetition (the two calls of
+the same turn) and then summarised the same way. Contexts are unpadded (the reference
+drops the attention mask for RAG-Sequence's per-document beams).
 
-    python bench/decoding_bench.py --quick     # batch 4, 1 repetition (~20-40 s)
-    python bench/decoding_bench.py             # batch 16, best of 3 (~2-4 min)
+    python bench/decoding_bench.py --quick                      # batch 4, 3 repetitions (~30-60 s)
+    python bench/decoding_bench.py --markdown bench/results/decoding.md   # batch 16, 5 repetitions (~3-5 min)
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rag_core.model.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import MIN_REPEATS, RunInfo, spread
+
+from rag_core.model.decoding import rag_sequence_generate, rag_token_generate
+
+PAIRS = ("token greedy", "token beam", "sequence thorough")  # wikirag vs transformers, same outputs expected
 
 
 def build(n_docs: int):
@@ -58,7 +65,7 @@ def build(n_docs: int):
     with torch.no_grad():
         generator.final_logits_bias[0, bart.pad_token_id] = -1e4  # never emit pad (see tests/rag_core/model/test_decoding.py)
     config = RagConfig.from_question_encoder_generator_configs(question, bart, n_docs=n_docs)
-    parts = dict(config=config, question_encoder=DPRQuestionEncoder(question), generator=generator)
+    parts = {"config": config, "question_encoder": DPRQuestionEncoder(question), "generator": generator}
     return generator, RagTokenForGeneration(**parts).eval(), RagSequenceForGeneration(**parts).eval()
 
 
@@ -69,17 +76,21 @@ def strip(sequences: torch.Tensor, pad: int = 1) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="batch 4, one repetition")
+    p.add_argument("--quick", action="store_true", help="batch 4, 3 repetitions")
     p.add_argument("--batch", type=int, help="questions (default 16; --quick 4)")
-    p.add_argument("--reps", type=int, help="timed repetitions per row, fastest kept (default 3; --quick 1)")
+    p.add_argument("--reps", type=int, help=f"timed repetitions per row (default 5; --quick and minimum {MIN_REPEATS})")
     p.add_argument("--n-docs", type=int, default=5)
     p.add_argument("--context", type=int, default=64, help="tokens per (document, question) input")
     p.add_argument("--beams", type=int, default=4)
     p.add_argument("--max-length", type=int, default=20)
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2, this machine's cores)")
+    p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
-    batch, reps = args.batch or (4 if args.quick else 16), args.reps or (1 if args.quick else 3)
+    batch, reps = args.batch or (4 if args.quick else 16), args.reps or (MIN_REPEATS if args.quick else 5)
+    if reps < MIN_REPEATS:
+        p.error(f"--reps must be at least {MIN_REPEATS}: every figure is a min / median / max")
     torch.set_num_threads(args.threads)
+    info = RunInfo.start(argv and [sys.argv[0], *argv])
     warnings.filterwarnings("ignore")
     generator, token_model, sequence_model = build(args.n_docs)
     n = args.n_docs
@@ -87,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     ids = torch.randint(3, 1000, (batch * n, args.context), generator=gen)  # (batch * n_docs, L), no pad
     mask = torch.ones_like(ids)
     scores = 2.0 * torch.randn(batch, n, generator=gen)
-    common = dict(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores, n_docs=n)
-    ours = dict(max_length=args.max_length, min_length=2)
+    common = {"context_input_ids": ids, "context_attention_mask": mask, "doc_scores": scores, "n_docs": n}
+    ours = {"max_length": args.max_length, "min_length": 2}
     rows = {
         "token greedy / transformers": lambda: token_model.generate(**common, num_beams=1, **ours),
         "token greedy / wikirag": lambda: rag_token_generate(generator, ids, mask, scores, n, num_beams=1, **ours),
@@ -101,34 +112,61 @@ def main(argv: list[str] | None = None) -> None:
         "sequence fast / wikirag": lambda: rag_sequence_generate(generator, ids, mask, scores, n, mode="fast",
                                                                  num_beams=args.beams, **ours).sequences,
     }
-    best, outputs = {name: float("inf") for name in rows}, {}
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    outputs = {}
     start = time.perf_counter()
     with torch.no_grad():
+        for name, call in rows.items():  # warm-up: first calls allocate and pick kernels
+            outputs[name] = call()
         for _ in range(reps):
             for name, call in rows.items():
                 t0 = time.perf_counter()
                 outputs[name] = call()
-                best[name] = min(best[name], time.perf_counter() - t0)
-    print(f"batch {batch} questions x {n} docs x {args.context} tokens, beams {args.beams}, "
-          f"max_length {args.max_length}, {args.threads} threads, best of {reps} (run took "
-          f"{time.perf_counter() - start:.0f} s)\n")
-    print(f"| {'row':34} | {'s/call':>7} | {'questions/s':>11} |\n|{'-' * 36}|{'-' * 9}|{'-' * 13}|")
-    for name, seconds in best.items():
-        print(f"| {name:34} | {seconds:7.3f} | {batch / seconds:11.1f} |")
-    print()
-    for kind in ("token greedy", "token beam", "sequence thorough"):
+                times[name].append(time.perf_counter() - t0)
+    took = time.perf_counter() - start
+    info.finish()
+
+    def ratios(slow: str, fast: str) -> list[float]:
+        return [a / b for a, b in zip(times[slow], times[fast])]
+
+    table = ["| row | seconds per call | questions/s |", "|---|---:|---:|"]
+    for name, secs in times.items():
+        table.append(f"| {name} | {spread(secs, '{:.3f}')} | {spread([batch / s for s in secs], '{:.1f}')} |")
+    comparisons = ["| comparison | speed, per repetition | same outputs |", "|---|---:|---|"]
+    for kind in PAIRS:
         a, b = strip(outputs[f"{kind} / wikirag"]), strip(outputs[f"{kind} / transformers"])
         same = a.shape == b.shape and torch.equal(a, b)
-        ratio = best[f"{kind} / transformers"] / best[f"{kind} / wikirag"]
-        print(f"{kind}: wikirag {ratio:.2f}x transformers' speed, same outputs: {same}")
+        comparisons.append(f"| {kind}: wikirag vs transformers (transformers' time / wikirag's) | "
+                           f"{spread(ratios(f'{kind} / transformers', f'{kind} / wikirag'), '{:.2f}x')} | "
+                           f"{'yes' if same else 'NO'} |")
     thorough, fast = strip(outputs["sequence thorough / wikirag"]), strip(outputs["sequence fast / wikirag"])
     width = max(thorough.shape[1], fast.shape[1])
     thorough = torch.nn.functional.pad(thorough, (0, width - thorough.shape[1]), value=1)
     fast = torch.nn.functional.pad(fast, (0, width - fast.shape[1]), value=1)
-    agreement = (thorough == fast).all(dim=1).float().mean().item()
-    ratio = best["sequence thorough / wikirag"] / best["sequence fast / wikirag"]
-    print(f"sequence fast: {ratio:.2f}x thorough's speed, top-1 agreement with thorough {agreement:.0%} "
-          f"({int(round(agreement * batch))}/{batch})")
+    agree = int((thorough == fast).all(dim=1).sum())
+    comparisons.append(f"| sequence fast vs thorough, wikirag (thorough's time / fast's) | "
+                       f"{spread(ratios('sequence thorough / wikirag', 'sequence fast / wikirag'), '{:.2f}x')} | "
+                       f"top-1 agreement {agree}/{batch} |")
+    md = [
+        "## RAG decoding: rag_core.model.decoding vs transformers' RAG classes",
+        "",
+        *info.markdown_header(),
+        (f"A random BART (d_model 256, 2 + 2 layers, vocabulary 1,000, init_std 0.5 so documents matter), {batch} "
+        f"questions x {n} documents x {args.context} tokens, beams {args.beams}, max_length {args.max_length}, "
+        f"{args.threads} torch threads; one warm-up call per row, then {reps} repetitions with the rows taking "
+        f"turns ({took:.0f} s). Figures are min / median / max over the repetitions; a speed is the ratio of the two "
+        "calls of the same repetition."),
+        "",
+        *table,
+        "",
+        *comparisons,
+        "",
+    ]
+    text = "\n".join(md)
+    print(text)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

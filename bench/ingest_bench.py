@@ -1,30 +1,41 @@
-"""The ingest stage side by side: bz2 alone, wikirag (1 and 2 Dask workers), wikiextractor.
+"""The ingest stage side by side: wikirag vs wikiextractor, with bz2 alone as the floor.
 
-One run, same inputs, same cores:
+Every figure is repeated (``--repeats``, at least 3) and reported as
+min / median / max; ratios are taken within one repetition, on the same
+phase on both sides, and then summarised the same way:
 
-* the floor: bz2 decompression alone (one core; and two cores over the
-  multistream dump's streams, the most two ingest workers could reach);
-* ``wikirag ingest`` with 1 and 2 workers, run as a subprocess exactly as a
-  user runs it (fresh ``WIKIRAG_HOME`` and store per run);
-* wikiextractor 3.1.0 with ``--processes 2``, its defaults otherwise.
+* **whole run**: pages / wall time of the whole command, start-up included;
+* **steady state**: the marginal rate (N - 200) / (t_N - t_200), each tool
+  against its own run on the 200-page cut of the same dump in the same
+  repetition: what a tool adds per page once it is running.
 
-Every subprocess is timed (wall clock) and its peak memory is the largest sum
-of RSS over the process and all its descendants, sampled every 0.1 s (summed
-RSS counts pages shared between forked processes more than once, so it is an
-upper bound).  wikirag's wall time includes a fixed start-up (local Prefect
-server, Dask cluster); each tool is therefore also run on a 200-page dump and
-the *steady-state* rate is the marginal one: (N - 200) / (t_N - t_200).
+Rows, each a subprocess run exactly as a user runs it (fresh ``WIKIRAG_HOME``
+and store per run; no ``PREFECT_API_URL``, so the CLI starts its own Prefect
+server):
 
-Inputs: (a) the real 206-page sample (one bz2 stream, no index), also used to
-compare text quality; (b) a multistream dump with index, made by
-``bench/make_dump.py`` from the sample's pages and cached in ``bench/.cache/``;
-(c) with ``--sizes``, wikirag (2 workers) on dumps of other sizes, to show
-whether peak memory depends on the dump's size.  wikirag's log timestamps
-also split its wall time into phases (server, setup, parse, gates/publish) and
-give the parse phase's own rate and peak memory.
+* ``wikirag ingest DUMP --index INDEX --workers 2`` (and ``--workers 1`` with
+  ``--parts scaling``);
+* wikiextractor 3.1.0, ``--processes 2``, its defaults otherwise;
+* the floor: bz2 decompression alone over the multistream dump's streams, in
+  ~8 MiB runs of whole streams as a worker reads them: the standard library's
+  libbz2 on one process, and libbz2's Rust port (cramjam-pure-rust, what
+  wikirag reads with) on one process and on two (the streams split in halves).
 
-    python bench/ingest_bench.py --quick                 # smoke test: 1,000 pages, no memory run (~3-5 min)
-    python bench/ingest_bench.py --markdown out.md       # 20,000 pages + memory at 5,000 (~11-13 min on 2 cores)
+Wall time and peak memory (the summed RSS of the command's process tree,
+sampled every 0.1 s) come from outside; wikirag's log timestamps split its
+wall time into phases (server, cluster, parse, gates and publish), which are
+shown for wikirag alone and never divided by a whole-run figure of another
+tool.  Rows take turns within a repetition, and every other repetition runs
+them in the reverse order, so that load coming and going hits both tools.
+
+Inputs: the real 206-page sample (text quality: markup residue and words
+kept, deterministic, one run), and a multistream dump with index made by
+``bench/make_dump.py`` from the sample's pages (cached in ``bench/.cache/``),
+with the 200-page (and, for ``memory``, 5,000-page) dumps cut from it.
+
+    python bench/ingest_bench.py --quick                        # 1,000 pages, 3 repeats, no memory or scaling part
+    python bench/ingest_bench.py --markdown bench/results/ingest.md   # 20,000 pages: floors, peer, memory, quality
+    python bench/ingest_bench.py --parts scaling --markdown out.md    # 1 vs 2 workers
 """
 
 from __future__ import annotations
@@ -36,12 +47,13 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,20 +62,25 @@ import psutil
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_dump import PAGES_PER_STREAM, SAMPLE, check_dump, cut_dump, dump_paths, make_dump  # noqa: E402
+from make_dump import PAGES_PER_STREAM, SAMPLE, check_dump, cut_dump, dump_paths, make_dump
+from report import MIN_REPEATS, RunInfo, spread
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(__file__).resolve().parent / ".cache"
 TINY_PAGES = 200
+MEMORY_PAGES = 5_000
+PARTS = ("floors", "peer", "memory", "quality", "scaling")
+DEFAULT_PARTS = ("floors", "peer", "memory", "quality")
 MARKERS = ("{{", "}}", "[[", "]]", "<ref", "{|", "|}", "&amp;", "&nbsp;", "<!--")
-GOAL_VS_PEER = 2.0  # wikirag (2 workers) pages/s over wikiextractor's
-GOAL_SCALING = 1.7  # wikirag 2 workers over 1 worker, multistream dump
-GOAL_MEMORY = 1.25  # peak RSS at the largest size over the smallest: "roughly independent"
+GOAL_VS_PEER = 2.0  # wikirag (2 workers) steady-state pages/s over wikiextractor's, median of the repeats
+GOAL_SCALING = 1.7  # wikirag 2 workers over 1 worker, steady state
+GOAL_MEMORY = 1.25  # peak RSS on the largest dump over the 5,000-page one: "roughly independent of size"
 # Removed from the children's environment so that every run starts its own services.
 ISOLATE = (
     "PREFECT_API_URL", "PREFECT_HOME", "WIKIRAG_HOME", "WIKIRAG_STORE", "WIKIRAG_DASK_ADDRESS", "WIKIRAG_WORKERS",
 )
 QUIET = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "AWS_EC2_METADATA_DISABLED": "true"}
+WIKIRAG_2, WIKIRAG_1, WIKIEXTRACTOR = "wikirag, 2 workers", "wikirag, 1 worker", "wikiextractor, 2 processes"
 
 
 @dataclass(frozen=True)
@@ -86,12 +103,12 @@ class Run:
 
     tool: str
     dump: Dump
+    rep: int
     wall_s: float
     peak_rss_mb: float
     returncode: int
     output_tail: str = ""
     out_dir: Path | None = None  # the store (wikirag) or output folder (wikiextractor)
-    steady_pages_s: float | None = None  # marginal rate over the 200-page run
     peak_by_role: dict[str, tuple[int, float]] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # wikirag: seconds per phase, from its log
     phase_peak_mb: dict[str, float] = field(default_factory=dict)  # wikirag: peak RSS in the parse/finish phases
@@ -106,7 +123,7 @@ class Run:
 
     @property
     def parse_pages_s(self) -> float | None:
-        """Pages over the parse phase alone (wikirag, from its log)."""
+        """Pages over wikirag's own parse phase (from its log): a wikirag-only figure, never a ratio's term."""
         secs = self.phases.get("parse")
         return self.dump.pages / secs if secs else None
 
@@ -115,10 +132,15 @@ class Run:
 class Results:
     """Everything measured in one run of the benchmark, for the report."""
 
-    floors: list[tuple[str, Dump, float, int]] = field(default_factory=list)  # (label, dump, seconds, cores)
+    floors: dict[str, list[float]] = field(default_factory=dict)  # label -> seconds per repetition
     runs: list[Run] = field(default_factory=list)
-    memory: list[Run] = field(default_factory=list)
     quality: list[dict] = field(default_factory=list)
+
+    def find(self, tool: str, pages: int, rep: int) -> Run | None:
+        for r in self.runs:
+            if r.tool == tool and r.dump.pages == pages and r.rep == rep and r.ok and r.dump.index is not None:
+                return r
+        return None
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -132,7 +154,7 @@ def prepare_dumps(main_pages: int, sizes: list[int], cache: Path, seed: int = 0)
         if n % PAGES_PER_STREAM:
             raise SystemExit(f"dump sizes must be multiples of {PAGES_PER_STREAM}; got {n}")
     largest = wanted[-1]
-    dumps = {}
+    dumps: dict[int, Dump] = {}
     for n in reversed(wanted):
         name = f"enwiki-bench{n}-s{seed}"
         path, index = dump_paths(cache, name)
@@ -238,39 +260,48 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def bz2_floor(dump: Dump) -> float:
-    """Seconds to decompress the whole file with the ``bz2`` module on one core."""
-    t0 = time.perf_counter()
-    with bz2.open(dump.path, "rb") as f:
-        while f.read(8 << 20):
-            pass
-    return time.perf_counter() - t0
+def _decompress_range(path: str, start: int, end: int, rust: bool) -> int:
+    """Decompress the bz2 streams in bytes [start, end) of a file, as wikirag's shards do; returns bytes out."""
+    from rag_core.wiki.multistream import decompress_streams
 
-
-def _decompress_range(path: str, start: int, end: int) -> int:
-    """Decompress the bz2 streams in bytes [start, end) of a file; returns decompressed bytes."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    total = 0
-    while data:
-        d = bz2.BZ2Decompressor()
-        total += len(d.decompress(data))
-        data = d.unused_data
-    return total
+    return len(decompress_streams(data, path, start, use_rust=rust))
 
 
-def bz2_floor_parallel(dump: Dump, procs: int) -> float:
-    """Seconds to decompress a multistream dump's streams split into ``procs`` contiguous byte ranges."""
+def bz2_floor(dump: Dump, procs: int, rust: bool) -> float:
+    """Seconds to decompress a multistream dump cut into ``procs`` contiguous runs of whole streams, one process each.
+
+    Each process reads its run in ~8 MiB pieces that end on a stream boundary, as a worker reads a shard.
+    """
     lines = bz2.decompress(dump.index.read_bytes()).decode("utf-8").splitlines()
     offsets = sorted({int(line.split(":", 1)[0]) for line in lines})
     size = dump.path.stat().st_size
-    cuts = [0] + [offsets[len(offsets) * k // procs] for k in range(1, procs)] + [size]
+    bounds = [0]
+    for off in offsets:
+        if off - bounds[-1] >= 8 << 20:
+            bounds.append(off)
+    bounds.append(size)
+    pieces = list(zip(bounds[:-1], bounds[1:]))
+    runs = [pieces[len(pieces) * k // procs : len(pieces) * (k + 1) // procs] for k in range(procs)]
     with ProcessPoolExecutor(procs) as pool:
         pool.submit(int, 0).result()  # processes up before the clock starts
         t0 = time.perf_counter()
-        list(pool.map(_decompress_range, [str(dump.path)] * procs, cuts[:-1], cuts[1:]))
+        futures = [pool.submit(_decompress_run, str(dump.path), run, rust) for run in runs]
+        for f in futures:
+            f.result()
         return time.perf_counter() - t0
+
+
+def _decompress_run(path: str, run: list[tuple[int, int]], rust: bool) -> int:
+    return sum(_decompress_range(path, a, b, rust) for a, b in run)
+
+
+def rust_bz2_available() -> bool:
+    from rag_core.wiki import multistream
+
+    return multistream._rust_bz2 is not None
 
 
 def wikirag_command() -> list[str]:
@@ -351,9 +382,9 @@ def wikirag_phases(output: str) -> dict[str, float]:
     return {k: v for k, v in phases.items() if v is not None}
 
 
-def run_wikirag(dump: Dump, workers: int, work: Path) -> Run:
+def run_wikirag(dump: Dump, workers: int, work: Path, rep: int = 0) -> Run:
     """``wikirag ingest`` on ``dump`` in a fresh home and store; the store is kept for reading."""
-    label = f"wikirag-{workers}w-{dump.pages}-{dump.path.stem[:20]}"
+    label = f"wikirag-{workers}w-{dump.pages}-{dump.path.stem[:20]}-r{rep}"
     home, store = work / f"{label}-home", work / f"{label}-store"
     cmd = [*wikirag_command(), "ingest", str(dump.path), "--store", str(store), "--workers", str(workers)]
     if dump.index:
@@ -362,23 +393,24 @@ def run_wikirag(dump: Dump, workers: int, work: Path) -> Run:
     log(f"  wikirag {workers} worker(s), {dump.label} ...")
     m = measure(cmd, child_env(WIKIRAG_HOME=str(home)), REPO, log_path)
     output = log_path.read_text(encoding="utf-8", errors="replace")
-    run = Run(f"wikirag, {workers} worker{'s' if workers > 1 else ''}", dump, m.wall_s, m.peak_rss_mb, m.returncode,
+    run = Run(WIKIRAG_2 if workers == 2 else f"wikirag, {workers} worker{'s' if workers > 1 else ''}", dump, rep,
+              m.wall_s, m.peak_rss_mb, m.returncode,
               output[-3000:], store, peak_by_role=m.peak_by_role, phases=wikirag_phases(output),
               phase_peak_mb=phase_peaks(output, m.timeline))
     report(run, cmd)
     return run
 
 
-def run_wikiextractor(dump: Dump, processes: int, work: Path) -> Run:
+def run_wikiextractor(dump: Dump, processes: int, work: Path, rep: int = 0) -> Run:
     """wikiextractor 3.1.0 with ``--processes``; its output folder is kept for reading."""
-    label = f"wikiextractor-{dump.pages}-{dump.path.stem[:20]}"
+    label = f"wikiextractor-{dump.pages}-{dump.path.stem[:20]}-r{rep}"
     out = work / f"{label}-out"
     cmd = [sys.executable, "-m", "wikiextractor.WikiExtractor", str(dump.path), "-o", str(out),
            "--processes", str(processes), "-q"]
     log_path = work / f"{label}.log"
     log(f"  wikiextractor --processes {processes}, {dump.label} ...")
     m = measure(cmd, child_env(), work, log_path)
-    run = Run(f"wikiextractor, {processes} processes", dump, m.wall_s, m.peak_rss_mb, m.returncode,
+    run = Run(f"wikiextractor, {processes} processes", dump, rep, m.wall_s, m.peak_rss_mb, m.returncode,
               tail(log_path), out, peak_by_role=m.peak_by_role)
     report(run, cmd)
     return run
@@ -394,13 +426,6 @@ def report(run: Run, cmd: list[str]) -> None:
     log(f"    {run.wall_s:.1f} s, peak {run.peak_rss_mb:,.0f} MB"
         + (f", {passages:,} passages" if passages is not None else "")
         + (f" (phases s: {phases})" if phases else ""))
-
-
-def with_steady_rate(run: Run, tiny: Run) -> Run:
-    """Set the marginal pages/s of ``run`` over the same tool's 200-page run."""
-    if run.ok and tiny.ok and run.wall_s > tiny.wall_s and run.dump.pages > tiny.dump.pages:
-        run.steady_pages_s = (run.dump.pages - tiny.dump.pages) / (run.wall_s - tiny.wall_s)
-    return run
 
 
 # -- text quality ---------------------------------------------------------------------------
@@ -460,7 +485,7 @@ def compare_quality(wikirag_store: Path, wx_out: Path) -> list[dict]:
         rag_words[title] += n
     common = sorted(set(rag_words) & set(docs))
     wx_words = {t: len(docs[t].split()) for t in common}
-    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
     rag_rate, rag_n = residue_rate(text for _, text, _ in passages)
     wx_win_rate, wx_win_n = residue_rate(w for d in docs.values() for w in word_windows(d))
     wx_par_rate, wx_par_n = residue_rate(p for d in docs.values() for p in d.split("\n") if p.strip())
@@ -493,121 +518,143 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 
-def speed_table(res: Results) -> list[str]:
-    """Every floor and run: time, the three rates, peak memory."""
+def spread_or_na(values: list[float], fmt_: str = "{:,.0f}") -> str:
+    return spread(values, fmt_) if len(values) >= MIN_REPEATS else "n/a"
+
+
+def steady(res: Results, tool: str, pages: int, rep: int) -> float | None:
+    """(N - 200) / (t_N - t_200) for one tool within one repetition."""
+    big, tiny = res.find(tool, pages, rep), res.find(tool, TINY_PAGES, rep)
+    if big is None or tiny is None or big.wall_s <= tiny.wall_s:
+        return None
+    return (big.dump.pages - tiny.dump.pages) / (big.wall_s - tiny.wall_s)
+
+
+def per_rep(res: Results, reps: int, value: Callable[[int], float | None]) -> list[float]:
+    """``value(rep)`` for every repetition where it exists."""
+    return [v for k in range(reps) if (v := value(k)) is not None]
+
+
+def floors_table(res: Results, dump: Dump) -> list[str]:
+    lines = ["| floor: bz2 decompression alone | input | seconds | pages/s |", "|---|---|---:|---:|"]
+    for label, secs in res.floors.items():
+        lines.append(f"| {label} | {dump.label} | {spread_or_na(secs, '{:.1f}')} | "
+                     f"{spread_or_na([dump.pages / s for s in secs])} |")
+    return lines
+
+
+def speed_table(res: Results, reps: int, main_pages: int) -> list[str]:
+    """Every tool on every dump: wall time, whole-run and steady-state rates, peak memory."""
     lines = [
-        "| input | what | pages | MB (bz2) | wall s | pages/s raw | pages/s steady-state | pages/s parse phase "
-        "| peak RSS MB |",
+        ("| input | tool | pages | MB (bz2) | wall s | pages/s, whole run | pages/s, steady state "
+        "| wikirag's parse phase, pages/s | peak RSS MB |"),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for label, dump, secs, cores in res.floors:
-        lines.append(f"| {dump.label} | {label} ({cores} core{'s' if cores > 1 else ''}) | {dump.pages:,} | "
-                     f"{dump.mb:.1f} | {secs:.1f} | {dump.pages / secs:,.0f} | - | - | - |")
-    for r in res.runs + res.memory:
-        if not r.ok:
-            lines.append(f"| {r.dump.label} | {r.tool} | {r.dump.pages:,} | {r.dump.mb:.1f} | "
-                         f"FAILED (exit {r.returncode}) | | | | |")
+    groups: dict[tuple[int, str], list[Run]] = defaultdict(list)
+    for r in res.runs:
+        if r.dump.index is not None:
+            groups[(r.dump.pages, r.tool)].append(r)
+    for (pages, tool), runs in sorted(groups.items()):
+        ok = [r for r in runs if r.ok]
+        if len(ok) < len(runs):
+            lines.append(f"| {runs[0].dump.label} | {tool} | {pages:,} | {runs[0].dump.mb:.1f} | "
+                         f"{len(runs) - len(ok)} of {len(runs)} runs FAILED | | | | |")
             continue
-        lines.append(f"| {r.dump.label} | {r.tool} | {r.dump.pages:,} | {r.dump.mb:.1f} | {r.wall_s:.1f} | "
-                     f"{r.pages_s:,.0f} | {fmt(r.steady_pages_s)} | {fmt(r.parse_pages_s)} | {r.peak_rss_mb:,.0f} |")
+        st = per_rep(res, reps, lambda k, t=tool, n=pages: steady(res, t, n, k)) if pages == main_pages else []
+        parse = [r.parse_pages_s for r in ok if r.parse_pages_s]
+        lines.append(
+            f"| {ok[0].dump.label} | {tool} | {pages:,} | {ok[0].dump.mb:.1f} | "
+            f"{spread_or_na([r.wall_s for r in ok], '{:.1f}')} | {spread_or_na([r.pages_s for r in ok])} | "
+            f"{spread_or_na(st) if st else '-'} | {spread_or_na(parse) if parse else '-'} | "
+            f"{spread_or_na([r.peak_rss_mb for r in ok])} |")
     return lines
+
+
+def goal_rows(res: Results, reps: int, main: Dump, parts: set[str]) -> list[str]:
+    """Each goal as a per-repetition ratio (same phase on both sides), min / median / max, verdict on the median."""
+    n = main.pages
+    rows = ["| goal | ratio per repetition, min / median / max | verdict (median) |", "|---|---:|---|"]
+
+    def row(text: str, values: list[float], goal: float, higher_is_better: bool = True) -> None:
+        if len(values) < MIN_REPEATS:
+            rows.append(f"| {text} | {len(values)} repetitions measured | n/a |")
+            return
+        med = statistics.median(values)
+        ok = med >= goal if higher_is_better else med <= goal
+        rows.append(f"| {text} | {spread(values, '{:.2f}x')} | {verdict(ok)} |")
+
+    def whole(tool: str, k: int) -> float | None:
+        r = res.find(tool, n, k)
+        return r.pages_s if r else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    if "peer" in parts:
+        row(f"steady state: wikirag 2 workers / wikiextractor, {main.label} (goal >= {GOAL_VS_PEER}x)",
+            per_rep(res, reps, lambda k: ratio(steady(res, WIKIRAG_2, n, k), steady(res, WIKIEXTRACTOR, n, k))),
+            GOAL_VS_PEER)
+        row(f"whole run: wikirag 2 workers / wikiextractor, {main.label} (no goal; start-up included)",
+            per_rep(res, reps, lambda k: ratio(whole(WIKIRAG_2, k), whole(WIKIEXTRACTOR, k))), 0.0)
+    if "scaling" in parts:
+        row(f"steady state: wikirag 2 workers / 1 worker, {main.label} (goal >= {GOAL_SCALING}x)",
+            per_rep(res, reps, lambda k: ratio(steady(res, WIKIRAG_2, n, k), steady(res, WIKIRAG_1, n, k))),
+            GOAL_SCALING)
+        row(f"whole run: wikirag 2 workers / 1 worker, {main.label} (no goal)",
+            per_rep(res, reps, lambda k: ratio(whole(WIKIRAG_2, k), whole(WIKIRAG_1, k))), 0.0)
+    if "memory" in parts:
+
+        def growth(k: int) -> float | None:
+            big, small = res.find(WIKIRAG_2, n, k), res.find(WIKIRAG_2, MEMORY_PAGES, k)
+            return big.peak_rss_mb / small.peak_rss_mb if big and small else None
+
+        row(f"peak RSS, wikirag 2 workers, {main.label} / multistream {MEMORY_PAGES:,} (goal <= {GOAL_MEMORY}x)",
+            per_rep(res, reps, growth), GOAL_MEMORY, higher_is_better=False)
+    return [r if "(no goal" not in r else r.rsplit("|", 2)[0] + "| - |" for r in rows]
 
 
 def phase_table(res: Results) -> list[str]:
-    """Where wikirag's wall time goes, per run (from its log's timestamps)."""
-    runs = [r for r in res.runs + res.memory if r.ok and r.phases]
-    if not runs:
+    """Where wikirag's wall time goes (medians over repetitions, from its log's timestamps)."""
+    groups: dict[tuple[int, str], list[Run]] = defaultdict(list)
+    for r in res.runs:
+        if r.ok and r.phases and r.dump.index is not None:
+            groups[(r.dump.pages, r.tool)].append(r)
+    if not groups:
         return []
     lines = [
-        "| input | what | wall s | Prefect server up | flow + Dask cluster up "
-        "| parse (decompress, clean, chunk, stage) "
-        "| gates, publish, shutdown | outside the flow (imports, exit) |",
+        ("| input | tool | wall s | Prefect server up | flow + Dask cluster up | parse (decompress, clean, chunk, stage) "
+        "| gates, publish, shutdown | outside the flow (imports, exit) |"),
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in runs:
-        ph = r.phases
-        known = sum(ph.get(k, 0.0) for k in ("server", "setup", "parse", "finish"))
-        lines.append(f"| {r.dump.label} | {r.tool} | {r.wall_s:.1f} | {fmt(ph.get('server'), '.1f')} | "
-                     f"{fmt(ph.get('setup'), '.1f')} | {fmt(ph.get('parse'), '.1f')} | "
-                     f"{fmt(ph.get('finish'), '.1f')} | "
-                     f"{r.wall_s - known:.1f} |")
+    for (_, tool), runs in sorted(groups.items()):
+        def med(key: str, runs: list[Run] = runs) -> float:
+            return statistics.median([r.phases.get(key, 0.0) for r in runs])
+
+        rest = statistics.median([r.wall_s - sum(r.phases.get(k, 0.0) for k in ("server", "setup", "parse", "finish"))
+                                  for r in runs])
+        lines.append(f"| {runs[0].dump.label} | {tool} | {statistics.median([r.wall_s for r in runs]):.1f} | "
+                     f"{med('server'):.1f} | {med('setup'):.1f} | {med('parse'):.1f} | {med('finish'):.1f} | {rest:.1f} |")
     return lines
 
 
-def memory_table(res: Results) -> list[str]:
-    """Peak summed RSS split by process role, for the runs on generated dumps."""
-    runs = [r for r in res.runs + res.memory if r.ok and r.peak_by_role and r.dump.index is not None
-            and r.dump.pages > TINY_PAGES]
+def memory_table(res: Results, main_pages: int) -> list[str]:
+    """Peak summed RSS split by process role, for the run with the median peak of each tool on the main dump."""
     roles = ["main process", "Prefect server", "spawned workers", "other processes"]
-    lines = [
-        "| input | what | peak RSS MB | " + " | ".join(roles) + " | peak in parse phase | peak in gates/publish |",
-        "|---|---|---:|" + "---:|" * (len(roles) + 2),
-    ]
-    for r in runs:
+    lines = ["| input | tool | peak RSS MB | " + " | ".join(roles) + " | peak in parse phase | peak in gates/publish |",
+             "|---|---|---:|" + "---:|" * (len(roles) + 2)]
+    groups: dict[tuple[int, str], list[Run]] = defaultdict(list)
+    for r in res.runs:
+        if r.ok and r.peak_by_role and r.dump.index is not None and r.dump.pages > TINY_PAGES:
+            groups[(r.dump.pages, r.tool)].append(r)
+    for (_, tool), runs in sorted(groups.items()):
+        r = sorted(runs, key=lambda x: x.peak_rss_mb)[len(runs) // 2]
         cells = []
         for role in roles:
-            n, mb = r.peak_by_role.get(role, (0, 0.0))
-            cells.append(f"{mb:,.0f}" + (f" ({n})" if n > 1 else "") if n else "-")
+            count, mb = r.peak_by_role.get(role, (0, 0.0))
+            cells.append(f"{mb:,.0f}" + (f" ({count})" if count > 1 else "") if count else "-")
         cells += [fmt(r.phase_peak_mb.get("parse")), fmt(r.phase_peak_mb.get("finish"))]
-        lines.append(f"| {r.dump.label} | {r.tool} | {r.peak_rss_mb:,.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.dump.label} | {tool} | {r.peak_rss_mb:,.0f} | " + " | ".join(cells) + " |")
     return lines
-
-
-def find(runs: list[Run], tool_prefix: str, label: str) -> Run | None:
-    for r in runs:
-        if r.tool.startswith(tool_prefix) and r.dump.label == label and r.ok:
-            return r
-    return None
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def goals(res: Results, main_label: str) -> list[str]:
-    """The three goals, on raw, steady-state and parse-phase rates where each applies."""
-    rag2 = find(res.runs, "wikirag, 2", main_label)
-    rag1 = find(res.runs, "wikirag, 1", main_label)
-    wx = find(res.runs, "wikiextractor", main_label)
-    lines = [
-        "| goal | raw (wall clock) | steady-state (start-up removed) | parse phase only |",
-        "|---|---|---|---|",
-    ]
-
-    def cell(v: float | None, goal: float) -> str:
-        return f"{fmt(v, '.2f')}x {verdict(None if v is None else v >= goal)}"
-
-    def rate(r: Run | None, attr: str) -> float | None:
-        return getattr(r, attr) if r else None
-
-    lines.append(
-        f"| wikirag 2 workers / wikiextractor, {main_label} (>= {GOAL_VS_PEER}x) "
-        f"| {cell(ratio(rate(rag2, 'pages_s'), rate(wx, 'pages_s')), GOAL_VS_PEER)} "
-        f"| {cell(ratio(rate(rag2, 'steady_pages_s'), rate(wx, 'steady_pages_s')), GOAL_VS_PEER)} "
-        f"| {cell(ratio(rate(rag2, 'parse_pages_s'), rate(wx, 'steady_pages_s')), GOAL_VS_PEER)} |"
-    )
-    lines.append(
-        f"| wikirag 2 workers / 1 worker, {main_label} (>= {GOAL_SCALING}x) "
-        f"| {cell(ratio(rate(rag2, 'pages_s'), rate(rag1, 'pages_s')), GOAL_SCALING)} "
-        f"| {cell(ratio(rate(rag2, 'steady_pages_s'), rate(rag1, 'steady_pages_s')), GOAL_SCALING)} "
-        f"| {cell(ratio(rate(rag2, 'parse_pages_s'), rate(rag1, 'parse_pages_s')), GOAL_SCALING)} |"
-    )
-    mem = sorted({r.dump.pages: r for r in res.memory + ([rag2] if rag2 else []) if r.ok}.values(),
-                 key=lambda r: r.dump.pages)
-    if len(mem) >= 2:
-        growth = mem[-1].peak_rss_mb / mem[0].peak_rss_mb
-        sizes = ", ".join(f"{r.dump.pages:,} pages {r.peak_rss_mb:,.0f} MB" for r in mem)
-        lines.append(f"| peak RSS, largest / smallest dump, 2 workers (<= {GOAL_MEMORY}x; {sizes}) "
-                     f"| {growth:.2f}x {verdict(growth <= GOAL_MEMORY)} | | {parse_growth(mem[0], mem[-1])} |")
-    return lines
-
-
-def parse_growth(small: Run, large: Run) -> str:
-    """Growth of the parse phase's peak RSS from the smallest to the largest dump, with its verdict."""
-    a, b = small.phase_peak_mb.get("parse"), large.phase_peak_mb.get("parse")
-    if not a or not b:
-        return "n/a"
-    return f"{b / a:.2f}x {verdict(b / a <= GOAL_MEMORY)} ({a:,.0f} -> {b:,.0f} MB)"
 
 
 def quality_table(rows: list[dict]) -> list[str]:
@@ -623,38 +670,36 @@ def quality_table(rows: list[dict]) -> list[str]:
                      f"{fmt(q['words'], ',.0f')} |")
     lines.append(f"\nArticles present in both outputs (matched by title): {rows[0]['common']}. "
                  f"Residue markers: {', '.join(f'`{m}`' for m in MARKERS)}. wikiextractor's output is "
-                 "HTML-escaped by default and is unescaped once before counting.")
+                 "HTML-escaped by default and is unescaped once before counting. Counts, not timings: one run.")
     return lines
 
 
-def render(res: Results, main_label: str, started: str, took: float) -> str:
-    """The markdown section for docs/benchmarks.md."""
-    cpu = f"{psutil.cpu_count(logical=True)} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
+def render(res: Results, info: RunInfo, main: Dump, parts: set[str], reps: int, took: float) -> str:
+    """The markdown section for bench/results/ingest.md."""
     out = [
-        "## Ingest: wikirag vs wikiextractor vs bz2 alone",
+        "## Ingest: wikirag vs wikiextractor (bz2 alone as the floor)",
         "",
-        f"`python bench/ingest_bench.py` on {started} ({cpu}, Python {sys.version.split()[0]}); "
-        f"the benchmark took {took / 60:.1f} min. wikiextractor 3.1.0 with `--processes 2` and its defaults "
-        "(including its template pre-pass). \"pages\" are all pages of the dump, articles and redirects "
-        "alike. Raw pages/s is N / wall time. Steady-state pages/s is marginal, "
-        f"(N - {TINY_PAGES}) / (t_N - t_{TINY_PAGES}) against the same tool on a {TINY_PAGES}-page dump, "
-        "which removes fixed start-up. Parse phase (wikirag only) is N over the time from the Dask cluster "
-        "being up to the last parsing task done, read from wikirag's log. Peak RSS is summed over the "
-        "command's whole process tree (Prefect server and Dask workers included), sampled every 0.1 s; "
-        "pages shared between processes count more than once.",
+        *info.markdown_header(),
+        (f"Parts: {', '.join(p for p in PARTS if p in parts)}; {reps} repetitions, rows interleaved (every other "
+        f"repetition in reverse order); the benchmark took {took / 60:.1f} min. Figures are min / median / max over "
+        "the repetitions. wikiextractor 3.1.0 with `--processes 2` and its defaults (including its template "
+        "pre-pass); wikirag as `wikirag ingest DUMP --index INDEX --workers N` with no Prefect server running (the "
+        "CLI starts one). \"pages\" are all pages of the dump, articles and redirects alike. Whole run = N / wall "
+        f"time. Steady state = (N - {TINY_PAGES}) / (t_N - t_{TINY_PAGES}), each tool against its own run on the "
+        f"{TINY_PAGES}-page cut in the same repetition. wikirag's parse phase (cluster up to the last shard staged, "
+        "from its log) is wikirag's alone and enters no ratio. Peak RSS is summed over the command's process tree "
+        "(Prefect server and Dask workers included), sampled every 0.1 s."),
         "",
-        *speed_table(res),
-        "",
-        *goals(res, main_label),
     ]
-    startup = [r for r in res.runs if r.dump.pages == TINY_PAGES and r.ok]
-    if startup:
-        out += ["", f"Start-up (wall time on the {TINY_PAGES}-page dump): "
-                + ", ".join(f"{r.tool} {r.wall_s:.1f} s" for r in startup) + "."]
+    if res.floors:
+        out += [*floors_table(res, main), ""]
+    if any(r.dump.index is not None for r in res.runs):
+        out += [*speed_table(res, reps, main.pages), "", *goal_rows(res, reps, main, parts)]
     if phases := phase_table(res):
-        out += ["", "### Where wikirag's time goes (seconds)", "", *phases]
-    if memory := memory_table(res):
-        out += ["", "### Peak memory by process (MB; process count in brackets)", "", *memory]
+        out += ["", "### Where wikirag's time goes (seconds, median of the repetitions)", "", *phases]
+    if (memory := memory_table(res, main.pages)) and len(memory) > 2:
+        out += ["", "### Peak memory by process (MB; process count in brackets; the run with the median peak)",
+                "", *memory]
     if res.quality:
         out += ["", "### Text quality on the real sample (206 pages)", "", *quality_table(res.quality)]
     return "\n".join(out) + "\n"
@@ -667,77 +712,127 @@ def log(msg: str) -> None:
 # -- the run --------------------------------------------------------------------------------
 
 
-def bench_sample(res: Results, sample: Dump, work: Path) -> None:
-    """Speed and text quality on the real single-stream sample."""
+def drop_outputs(run: Run, keep: bool) -> None:
+    """A 20,000-page run leaves hundreds of MB; only the sample's outputs are read again."""
+    if not keep and run.out_dir is not None:
+        shutil.rmtree(run.out_dir, ignore_errors=True)
+        shutil.rmtree(run.out_dir.with_name(run.out_dir.name.replace("-store", "-home")), ignore_errors=True)
+
+
+def bench_quality(res: Results, sample: Dump, work: Path) -> None:
+    """Text quality on the real single-stream sample (counts: one run)."""
     log(f"{sample.label}: {sample.pages} pages, {sample.mb:.1f} MB")
-    res.floors.append(("bz2 decompression", sample, bz2_floor(sample), 1))
-    rag = run_wikirag(sample, 2, work)
-    wx = run_wikiextractor(sample, 2, work)
-    res.runs += [rag, wx]
+    rag, wx = run_wikirag(sample, 2, work), run_wikiextractor(sample, 2, work)
     if rag.ok and wx.ok:
         res.quality = compare_quality(rag.out_dir, wx.out_dir)
+    for r in (rag, wx):
+        if not r.ok:
+            res.runs.append(r)  # shows up as FAILED
 
 
-def bench_multistream(res: Results, main: Dump, tiny: Dump, work: Path) -> None:
-    """Floors, wikirag 1 and 2 workers, wikiextractor, each also on the 200-page dump for start-up."""
-    log(f"{main.label}: {main.mb:.1f} MB")
-    res.floors.append(("bz2 decompression", main, bz2_floor(main), 1))
-    res.floors.append(("bz2 decompression, streams split", main, bz2_floor_parallel(main, 2), 2))
-    for workers in (1, 2):
-        t = run_wikirag(tiny, workers, work)
-        res.runs += [t, with_steady_rate(run_wikirag(main, workers, work), t)]
-    t = run_wikiextractor(tiny, 2, work)
-    res.runs += [t, with_steady_rate(run_wikiextractor(main, 2, work), t)]
+def bench_floors(res: Results, main: Dump, reps: int) -> None:
+    """bz2 alone over the dump's streams: the standard library's libbz2, and the Rust port wikirag reads with."""
+    rows = [("stdlib bz2 (libbz2), 1 process", 1, False)]
+    if rust_bz2_available():
+        rows += [("libbz2-rs (cramjam-pure-rust, wikirag's reader), 1 process", 1, True),
+                 ("libbz2-rs, streams split in 2 halves, 2 processes", 2, True)]
+    else:
+        rows += [("stdlib bz2, streams split in 2 halves, 2 processes", 2, False)]
+    for k in range(reps):
+        log(f"floors, repetition {k + 1}/{reps}")
+        for label, procs, rust in rows if k % 2 == 0 else rows[::-1]:
+            res.floors.setdefault(label, []).append(bz2_floor(main, procs, rust))
 
 
-def bench_memory(res: Results, dumps: list[Dump], work: Path) -> None:
-    """wikirag (2 workers) at each size, for peak memory against dump size."""
-    for dump in dumps:
-        res.memory.append(run_wikirag(dump, 2, work))
+def bench_repetitions(res: Results, dumps: dict[int, Dump], main: Dump, parts: set[str], reps: int, work: Path,
+                      keep: bool) -> None:
+    """Per repetition: every row of the chosen parts, in turn (reversed every other repetition)."""
+    tiny = dumps[TINY_PAGES]
+    rows: list[tuple[str, Dump]] = []
+    if "peer" in parts:
+        rows += [(WIKIRAG_2, tiny), (WIKIRAG_2, main), (WIKIEXTRACTOR, tiny), (WIKIEXTRACTOR, main)]
+    if "scaling" in parts:
+        rows += [(WIKIRAG_1, tiny), (WIKIRAG_1, main)]
+        if "peer" not in parts:
+            rows += [(WIKIRAG_2, tiny), (WIKIRAG_2, main)]
+    if "memory" in parts:
+        rows += [(WIKIRAG_2, dumps[MEMORY_PAGES])]
+        if "peer" not in parts and "scaling" not in parts:
+            rows += [(WIKIRAG_2, main)]
+    for k in range(reps):
+        log(f"repetition {k + 1}/{reps}")
+        for tool, dump in rows if k % 2 == 0 else rows[::-1]:
+            if tool == WIKIEXTRACTOR:
+                run = run_wikiextractor(dump, 2, work, k)
+            else:
+                run = run_wikirag(dump, 1 if tool == WIKIRAG_1 else 2, work, k)
+            res.runs.append(run)
+            drop_outputs(run, keep)
+
+
+def code_version() -> str:
+    """The commit measured (and whether the tree had changes), so that a table can be traced to its code."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"commit {sha}" + (" with uncommitted changes" if dirty else "")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pages", type=int, help="pages of the multistream dump (default 20000; --quick 1000)")
-    p.add_argument("--sizes", default="5000,20000",
-                   help="dump sizes for the memory run (2 workers), comma-separated; a size equal to --pages "
-                        "reuses that run; '' skips (default 5000,20000)")
-    p.add_argument("--quick", action="store_true", help="a 1,000-page dump and no memory run (smoke test)")
+    p.add_argument("--parts", help=f"comma-separated, from {', '.join(PARTS)} (default {','.join(DEFAULT_PARTS)}; "
+                                   "--quick: floors,peer,quality)")
+    p.add_argument("--repeats", type=int, default=MIN_REPEATS, help=f"repetitions (default and minimum {MIN_REPEATS})")
+    p.add_argument("--quick", action="store_true", help="a 1,000-page dump, no memory part (a smoke run)")
     p.add_argument("--sample", type=Path, default=SAMPLE, help="the real single-stream export")
     p.add_argument("--cache", type=Path, default=CACHE, help="where generated dumps are kept (default bench/.cache)")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     p.add_argument("--keep", action="store_true", help="keep the stores, outputs and logs (path printed)")
     args = p.parse_args(argv)
-    if args.quick:
-        args.sizes = ""
+    if args.repeats < MIN_REPEATS:
+        p.error(f"--repeats must be at least {MIN_REPEATS}: every figure is a min / median / max")
     args.pages = args.pages or (1_000 if args.quick else 20_000)
-    args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    parts = args.parts or ",".join(("floors", "peer", "quality") if args.quick else DEFAULT_PARTS)
+    args.parts = {x.strip() for x in parts.split(",") if x.strip()}
+    if unknown := args.parts - set(PARTS):
+        p.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    started, t0 = time.strftime("%Y-%m-%d"), time.perf_counter()
+    info = RunInfo.start(argv and [sys.argv[0], *argv])
+    info.notes.append(f"Code: {code_version()}.")
+    t0 = time.perf_counter()
     wikirag_command()  # fail early when the CLI is missing
-    dumps = prepare_dumps(args.pages, args.sizes, args.cache)
-    main_dump, tiny = dumps[args.pages], dumps[TINY_PAGES]
+    sizes = [MEMORY_PAGES] if "memory" in args.parts and args.pages > MEMORY_PAGES else []
+    dumps = prepare_dumps(args.pages, sizes, args.cache)
+    main_dump = dumps[args.pages]
     res = Results()
     work = Path(tempfile.mkdtemp(prefix="ingest-bench-"))
     try:
-        bench_sample(res, sample_dump(args.sample), work)
-        bench_multistream(res, main_dump, tiny, work)
-        bench_memory(res, [dumps[n] for n in args.sizes if n != args.pages], work)
+        if "quality" in args.parts:
+            bench_quality(res, sample_dump(args.sample), work)
+        if "floors" in args.parts:
+            bench_floors(res, main_dump, args.repeats)
+        bench_repetitions(res, dumps, main_dump, args.parts, args.repeats, work, args.keep)
     finally:
         if args.keep:
             log(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    text = render(res, main_dump.label, started, time.perf_counter() - t0)
+    info.finish()
+    text = render(res, info, main_dump, args.parts, args.repeats, time.perf_counter() - t0)
     print(text)
     if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text, encoding="utf-8")
-    failed = [r for r in res.runs + res.memory if not r.ok]
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if any(not r.ok for r in res.runs) else 0)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ pool, at most two per process in flight, and written in order as they come.
     python bench/make_dump.py --pages 20000 --out /tmp/dumps
     python bench/make_dump.py --pages 20000 --out /tmp/dumps --single-stream
     python bench/make_dump.py --check /tmp/dumps/enwiki-bench20000-pages-articles-multistream.xml.bz2
+    python bench/make_dump.py --pages 20000 --out /tmp/dumps --markdown dump.md   # what the dump holds
+
+``--markdown`` describes the dump (pages, articles, redirects, streams, sizes)
+under the command and machine that made it: counts, not timings, so one run
+is the figure.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import unescape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import RunInfo  # noqa: E402
 
 # The real sample, where the project's checkout keeps it: ../shared/data/ beside the repository.
 SAMPLE = (
@@ -355,6 +363,35 @@ def check_dump(dump: Path, index: Path | None = None) -> int:
     return n
 
 
+def describe_dump(dump: Path, index: Path | None) -> list[str]:
+    """A markdown table of what the dump holds (parsed in full, and checked against its index)."""
+    pages = check_dump(dump, index)
+    articles = redirects = xml_bytes = 0
+    with bz2.open(dump, "rb") as f:
+        while chunk := f.read(8 << 20):
+            xml_bytes += len(chunk)
+    with bz2.open(dump, "rb") as f:
+        for _, elem in ET.iterparse(f, events=("end",)):
+            if elem.tag.endswith("}page"):
+                is_redirect = any(child.tag.endswith("}redirect") for child in elem)
+                redirects += is_redirect
+                articles += not is_redirect
+                elem.clear()
+    streams = None
+    if index is not None:
+        streams = len({line.split(":", 1)[0] for line in bz2.decompress(index.read_bytes()).decode().splitlines()})
+    return [
+        "| dump | pages | articles (not redirects) | redirects | page streams | MB bz2 | MB XML |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| `{dump.name}` | {pages:,} | {articles:,} | {redirects:,} | {fmt_count(streams)} | "
+        f"{dump.stat().st_size / 1e6:.1f} | {xml_bytes / 1e6:.1f} |",
+    ]
+
+
+def fmt_count(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -370,7 +407,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--edit-fraction", type=float, default=0.0,
                    help="a later dump: this share of articles gets a new revision with a new first sentence")
     p.add_argument("--edit-seed", type=int, default=1, help="which articles --edit-fraction picks")
+    p.add_argument("--markdown", type=Path, help="also describe the dump in this markdown file (parses it in full)")
     args = p.parse_args(argv)
+    info = RunInfo.start(argv and [sys.argv[0], *argv]) if args.markdown else None
 
     if args.check:
         index = args.check.with_name(args.check.name.replace(".xml.bz2", "-index.txt.bz2"))
@@ -388,6 +427,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{dump} ({size / 1e6:.1f} MB, {args.pages} pages, {took:.1f} s)", file=sys.stderr)
     if index:
         print(f"{index}", file=sys.stderr)
+    if info is not None:
+        table = describe_dump(dump, index)
+        info.finish()
+        text = "\n".join(["## Benchmark input: a dump made by `bench/make_dump.py`", "", *info.markdown_header(),
+                          "Real wikitext of the sample's pages, cycled with new ids and titles (see the script's "
+                          "docstring); counts, not timings.", "", *table, ""])
+        print(text)
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -31,14 +31,18 @@ mask, padded to the longest row (``max_context_length`` 300).
   (as ``decoding_bench.py``, so that the documents change the answer): RAG-Token greedy
   and RAG-Sequence thorough (``--beams``), ``rag_core.model.decoding`` vs transformers'
   ``generate`` (same outputs expected), and RAG-Sequence fast vs thorough. Rows take
-  turns ``--reps`` times, the fastest call counts.
+  turns ``--reps`` times (at least 3).
 
-Goals, printed with PASS/FAIL: training step >= 1.0x transformers' speed and peak
-memory <= 1.0x transformers', for each kind. The machine is shared: the 1-minute load
-average is recorded at start and end; interleaving shares the noise but does not remove it.
+Every figure is min / median / max over at least 3 measurements, and every ratio is
+taken within one measurement (the two steps of one interleaved turn, the two memory
+children of one repetition, the two calls of one generation turn) and then summarised
+the same way. Goals, printed with PASS/FAIL on the median: training step >= 1.0x
+transformers' speed and peak memory <= 1.0x transformers', for each kind. The machine
+is shared: the load average is recorded at start and end (bench/report.py);
+interleaving shares the noise but does not remove it.
 
-    python bench/rag_bench.py --quick                       # 3 steps, batch 4 generation, best of 1 (~1-2 min)
-    python bench/rag_bench.py --markdown /tmp/rag.md        # 10 steps, batch 8 generation, best of 3 (~4-6 min)
+    python bench/rag_bench.py --quick                       # 3 steps, batch 4 generation, 3 repetitions (~3-4 min)
+    python bench/rag_bench.py --markdown bench/results/rag.md   # 10 steps, batch 8 generation, 3 repetitions (~6-9 min)
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.decoding_bench import strip  # noqa: E402
+from bench.report import MIN_REPEATS, RunInfo, spread  # noqa: E402
 from rag_core.model.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
 from rag_core.model.rag_model import RagConfig, RagModel  # noqa: E402
 
@@ -263,13 +268,15 @@ def generation(model: RagModel, inputs: Inputs, args) -> tuple[dict, dict, dict]
         "sequence fast / wikirag": lambda: rag_sequence_generate(generator, ids, mask, doc_scores, n, mode="fast",
                                                                  num_beams=args.beams, **ours).sequences,
     }
-    best, outputs = {name: float("inf") for name in rows}, {}
+    times, outputs = {name: [] for name in rows}, {}
     with torch.no_grad():
+        for name, call in rows.items():  # warm-up: first calls allocate and pick kernels
+            outputs[name] = call()
         for _ in range(args.reps):
             for name, call in rows.items():
                 t0 = time.perf_counter()
                 outputs[name] = call()
-                best[name] = min(best[name], time.perf_counter() - t0)
+                times[name].append(time.perf_counter() - t0)
     same = {}
     for kind in ("token greedy", "sequence thorough"):
         x, y = strip(outputs[f"{kind} / wikirag"]), strip(outputs[f"{kind} / transformers"])
@@ -280,55 +287,70 @@ def generation(model: RagModel, inputs: Inputs, args) -> tuple[dict, dict, dict]
     fast = torch.nn.functional.pad(fast, (0, w - fast.shape[1]), value=generator.config.pad_token_id)
     agreement = (thorough == fast).all(dim=1).float().mean().item()
     info = {"width": width, "agreement": agreement, "answer_tokens": thorough.shape[1] - 1}
-    return best, same, info
+    return times, same, info
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def report(args, settings: dict, train: dict, memory: dict, gen: tuple) -> tuple[list[str], str]:
-    best, same, info = gen
+def _ratios(slow: list[float], fast: list[float]) -> list[float]:
+    return [a / b for a, b in zip(slow, fast)]
+
+
+def report(args, info: RunInfo, settings: dict, train: dict, memory: dict, gen: tuple) -> tuple[list[str], str]:
+    times, same, info_gen = gen
     lines, verdicts = [], []
-    lines.append("| kind | wikirag s/step | transformers s/step | speed (transformers / wikirag) | "
+    lines.append("| kind | wikirag s/step | transformers s/step | speed (transformers / wikirag, per turn) | "
                  "loss max abs diff (max loss) | d loss/d q max abs diff |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("|---|---:|---:|---:|---|---|")
     for kind, r in train.items():
-        lines.append(f"| {kind} | {r['wikirag']:.3f} | {r['transformers']:.3f} | {r['ratio']:.2f}x | "
-                     f"{r['loss_diff']:.2e} ({r['loss_max']:.1f}) | {r['grad_diff']:.2e} |")
-        verdicts.append(f"{'PASS' if r['ratio'] >= 1.0 else 'FAIL'}: {kind} training step {r['ratio']:.2f}x "
-                        f"transformers' speed (goal >= 1.0x)")
-    mem = ["| kind | wikirag MB | transformers MB | ratio (wikirag / transformers) | RSS after build, MB "
-           "(wikirag / transformers) |", "|---|---|---|---|---|"]
+        speed = _ratios(r["transformers"], r["wikirag"])
+        lines.append(f"| {kind} | {spread(r['wikirag'], '{:.3f}')} | {spread(r['transformers'], '{:.3f}')} | "
+                     f"{spread(speed, '{:.2f}x')} | {r['loss_diff']:.2e} ({r['loss_max']:.1f}) | {r['grad_diff']:.2e} |")
+        med = statistics.median(speed)
+        verdicts.append(f"{'PASS' if med >= 1.0 else 'FAIL'}: {kind} training step {med:.2f}x transformers' speed "
+                        f"(median of {len(speed)} turns; goal >= 1.0x)")
+    mem = ["| kind | wikirag MB | transformers MB | ratio (wikirag / transformers, per repetition) | RSS after "
+           "build, MB (wikirag / transformers, median) |", "|---|---:|---:|---:|---|"]
     for kind, r in memory.items():
-        mem.append(f"| {kind} | {r['wikirag']['delta_mb']:.0f} | {r['transformers']['delta_mb']:.0f} | "
-                   f"{r['ratio']:.2f}x | {r['wikirag']['base_mb']:.0f} / {r['transformers']['base_mb']:.0f} |")
-        verdicts.append(f"{'PASS' if r['ratio'] <= 1.0 else 'FAIL'}: {kind} training step peak memory "
-                        f"{r['ratio']:.2f}x transformers' (goal <= 1.0x)")
-    gen_rows = ["| row | s/call | questions/s |", "|---|---|---|"]
-    gen_rows += [f"| {name} | {s:.3f} | {args.gen_batch / s:.1f} |" for name, s in best.items()]
+        ours = [m["delta_mb"] for m in r["wikirag"]]
+        theirs = [m["delta_mb"] for m in r["transformers"]]
+        ratio = _ratios(ours, theirs)
+        base = "/".join(f"{statistics.median(m['base_mb'] for m in r[e]):.0f}" for e in ENGINES)
+        mem.append(f"| {kind} | {spread(ours, '{:.0f}')} | {spread(theirs, '{:.0f}')} | {spread(ratio, '{:.2f}x')} "
+                   f"| {base} |")
+        med = statistics.median(ratio)
+        verdicts.append(f"{'PASS' if med <= 1.0 else 'FAIL'}: {kind} training step peak memory {med:.2f}x "
+                        f"transformers' (median of {len(ratio)} repetitions; goal <= 1.0x)")
+    gen_rows = ["| row | s/call | questions/s |", "|---|---:|---:|"]
+    gen_rows += [f"| {name} | {spread(t, '{:.3f}')} | {spread([args.gen_batch / x for x in t], '{:.1f}')} |"
+                 for name, t in times.items()]
     gen_lines = []
     for kind in ("token greedy", "sequence thorough"):
-        ratio = best[f"{kind} / transformers"] / best[f"{kind} / wikirag"]
-        gen_lines.append(f"{kind}: wikirag {ratio:.2f}x transformers' speed, same outputs: {same[kind]}")
-    fast_ratio = best["sequence thorough / wikirag"] / best["sequence fast / wikirag"]
-    gen_lines.append(f"sequence fast: {fast_ratio:.2f}x thorough's speed, top-1 agreement with thorough "
-                     f"{info['agreement']:.0%} ({int(round(info['agreement'] * args.gen_batch))}/{args.gen_batch})")
+        speed = _ratios(times[f"{kind} / transformers"], times[f"{kind} / wikirag"])
+        gen_lines.append(f"{kind}: wikirag {spread(speed, '{:.2f}x')} transformers' speed (per turn), same outputs: "
+                         f"{same[kind]}")
+    fast = _ratios(times["sequence thorough / wikirag"], times["sequence fast / wikirag"])
+    gen_lines.append(f"sequence fast: {spread(fast, '{:.2f}x')} thorough's speed (per turn), top-1 agreement with "
+                     f"thorough {info_gen['agreement']:.0%} "
+                     f"({int(round(info_gen['agreement'] * args.gen_batch))}/{args.gen_batch})")
     setting_lines = [f"- {k}: {v}" for k, v in settings.items()]
-    printed = (["Settings:", *setting_lines, "", f"Training step (median of {args.steps} interleaved steps each, "
-                f"after {args.warmup} warm-up):", *lines, "", "Peak memory of a training step (peak RSS minus RSS "
+    how = memory[KINDS[0]]["wikirag"][0]["how"]
+    printed = (["Settings:", *setting_lines, "", f"Training step ({args.steps} interleaved steps each, after "
+                f"{args.warmup} warm-up):", *lines, "", "Peak memory of a training step (peak RSS minus RSS "
                 f"after build, over {args.memory_steps} steps of which the first is the warm-up, one child process per "
-                f"row; peak = {memory[KINDS[0]]['wikirag']['how']}):", *mem,
-                "", f"Generation (batch {args.gen_batch}, fastest of {args.reps}):", *gen_rows, "", *gen_lines, "",
+                f"row and repetition; peak = {how}):", *mem,
+                "", f"Generation (batch {args.gen_batch}, {args.reps} repetitions):", *gen_rows, "", *gen_lines, "",
                 *verdicts])
-    command = "python bench/rag_bench.py " + " ".join(sys.argv[1:])
     md = "\n".join([
-        "## RAG training step and generation: `bench/rag_bench.py`", "", f"`{command.strip()}`", "",
-        *setting_lines, "", f"### Training step (forward + backward), median s/step of {args.steps} "
-        f"interleaved steps", "", *lines, "", "### Peak memory of a training step", "",
+        "## RAG training step and generation: `bench/rag_bench.py`", "", *info.markdown_header(),
+        "Figures are min / median / max; every ratio is taken within one turn or repetition.", "",
+        *setting_lines, "", f"### Training step (forward + backward), {args.steps} interleaved steps per engine", "",
+        *lines, "", "### Peak memory of a training step", "",
         f"Peak RSS minus RSS after the build, over {args.memory_steps} steps (the first is the warm-up), one child "
-        f"process per row, one after another; peak = {memory[KINDS[0]]['wikirag']['how']}.", "", *mem, "",
-        f"### Generation (batch {args.gen_batch}, fastest of {args.reps})", "", *gen_rows, "",
-        *[f"- {x}" for x in gen_lines], "", "### Goals", "", *[f"- {v}" for v in verdicts], ""])
+        f"process per row, {args.memory_reps} repetitions of all rows, one process after another; peak = {how}.", "",
+        *mem, "", f"### Generation (batch {args.gen_batch}, one warm-up call, then {args.reps} repetitions)", "",
+        *gen_rows, "", *[f"- {x}" for x in gen_lines], "", "### Goals", "", *[f"- {v}" for v in verdicts], ""])
     return printed, md
 
 
@@ -339,10 +361,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-docs", type=int, default=5)
     p.add_argument("--passages", type=int, default=200, help="passages in the (cached) index")
     p.add_argument("--steps", type=int, help="timed steps per engine and kind (default 10; --quick 3)")
+    p.add_argument("--memory-reps", type=int, default=MIN_REPEATS,
+                   help=f"repetitions of the memory children (default and minimum {MIN_REPEATS})")
     p.add_argument("--warmup", type=int, help="untimed steps per engine and kind first (default 2; --quick 1)")
     p.add_argument("--memory-steps", type=int, help="steps in each memory child (default 3; --quick 2)")
     p.add_argument("--gen-batch", type=int, help="questions for generation (default 8; --quick 4)")
-    p.add_argument("--reps", type=int, help="generation repetitions per row, fastest kept (default 3; --quick 1)")
+    p.add_argument("--reps", type=int, help=f"generation repetitions per row (default and minimum {MIN_REPEATS})")
     p.add_argument("--beams", type=int, default=4)
     p.add_argument("--max-length", type=int, default=20)
     p.add_argument("--threads", type=int, default=1,
@@ -352,11 +376,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
-    args.steps = args.steps or (3 if q else 10)
+    args.steps = args.steps or (MIN_REPEATS if q else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 2)
     args.memory_steps = args.memory_steps or (2 if q else 3)
     args.gen_batch = min(args.gen_batch or (4 if q else 8), args.batch)
-    args.reps = args.reps or (1 if q else 3)
+    args.reps = args.reps or MIN_REPEATS
+    if min(args.steps, args.reps, args.memory_reps) < MIN_REPEATS and not args.memory_child:
+        p.error(f"--steps, --reps and --memory-reps must be at least {MIN_REPEATS}: every figure is a min / median / max")
     if args.memory_child:
         return memory_child(args)
     for path in (SAMPLE, NQ_DEV):
@@ -364,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"{path} not found: this benchmark reads the real data in ../shared/data (see its README)")
     torch.set_num_threads(args.threads)
     quiet()
+    info = RunInfo.start(argv and [sys.argv[0], *argv])
     started, load_start = time.perf_counter(), os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} (1 min), {load_start[1]:.2f} (5 min) on "
           f"{os.cpu_count()} cores; building the index (cached) and models...", flush=True)
@@ -383,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
                 train_step(engine, model, reference, inputs)
                 times[engine].append(time.perf_counter() - t0)
         med = {engine: statistics.median(t) for engine, t in times.items()}
-        train[kind] = {**med, "ratio": med["transformers"] / med["wikirag"], "loss_diff": loss_diff,
+        train[kind] = {**times, "ratio": med["transformers"] / med["wikirag"], "loss_diff": loss_diff,
                        "grad_diff": grad_diff, "loss_max": loss_max}
         print(f"{kind}: wikirag {med['wikirag']:.3f} s/step, transformers {med['transformers']:.3f} s/step "
               f"({train[kind]['ratio']:.2f}x); losses differ by {loss_diff:.2e}", flush=True)
@@ -392,16 +419,16 @@ def main(argv: list[str] | None = None) -> None:
             del model, reference, inputs
             gc.collect()
 
-    memory = {}
-    for kind in KINDS:
-        memory[kind] = {engine: measure_memory(engine, kind, args) for engine in ENGINES}
-        memory[kind]["ratio"] = memory[kind]["wikirag"]["delta_mb"] / memory[kind]["transformers"]["delta_mb"]
-        print(f"{kind} peak memory: wikirag {memory[kind]['wikirag']['delta_mb']:.0f} MB, transformers "
-              f"{memory[kind]['transformers']['delta_mb']:.0f} MB", flush=True)
+    memory = {kind: {engine: [] for engine in ENGINES} for kind in KINDS}
+    for rep in range(args.memory_reps):
+        for kind in KINDS:
+            for engine in ENGINES if rep % 2 == 0 else ENGINES[::-1]:
+                memory[kind][engine].append(measure_memory(engine, kind, args))
+            print(f"{kind} peak memory, repetition {rep + 1}: wikirag {memory[kind]['wikirag'][-1]['delta_mb']:.0f} MB, "
+                  f"transformers {memory[kind]['transformers'][-1]['delta_mb']:.0f} MB", flush=True)
 
     print("generation...", flush=True)
     gen = generation(model, inputs, args)
-    load_end = os.getloadavg()
     params = lambda m: f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}M"  # noqa: E731
     import transformers
 
@@ -421,14 +448,13 @@ def main(argv: list[str] | None = None) -> None:
         "threads": f"torch.set_num_threads({args.threads})",
         "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, Python "
                     f"{sys.version.split()[0]}",
-        "load average (1 min)": f"{load_start[0]:.2f} at start, {load_end[0]:.2f} at end, on {os.cpu_count()} "
-                                "cores (a shared machine: interleaving spreads the noise over both engines, "
-                                "it does not remove it)",
         "run time": f"{time.perf_counter() - started:.0f} s",
     }
-    printed, md = report(args, settings, train, memory, gen)
+    info.finish()
+    printed, md = report(args, info, settings, train, memory, gen)
     print("\n" + "\n".join(printed))
     if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(md, encoding="utf-8")
         print(f"\nmarkdown written to {args.markdown}")
 

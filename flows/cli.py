@@ -257,7 +257,7 @@ def add_ingest(sub: Any) -> None:
     p.add_argument("--words", type=int, help=f"words per passage (default {default(IngestConfig, 'words_per_passage')}"
                    ", as DPR)")
     p.add_argument("--shards", type=int, dest="ingest_shards", help="multistream shards (default "
-                   f"{default(IngestConfig, 'shards')}: one per 4 MiB of dump, at least 4)")
+                   f"{default(IngestConfig, 'shards')}: one per 8 MiB of dump, at least 4)")
     p.add_argument("--keep-disambiguation", action="store_const", const=False, dest="skip_disambiguation",
                    help="chunk disambiguation pages too (default: "
                    f"{'skip' if default(IngestConfig, 'skip_disambiguation') else 'keep'} them)")

@@ -10,7 +10,6 @@ MediaWiki export).
 from __future__ import annotations
 
 import bz2
-import codecs
 import contextlib
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
@@ -152,7 +151,6 @@ class PageParser:
         self.wrapped = wrapped
         self.schema_version: str | None = None
         self._parser = XMLPullParser(events=("start", "end"))
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
         self._root: Any = None
         self._depth = 0
         self._page_depth = 0
@@ -160,32 +158,21 @@ class PageParser:
         self._closed = False
         self._pages: list[Page] = []
         if wrapped:
-            self._parser.feed("<mediawiki>")
+            self._parser.feed(b"<mediawiki>")
 
     def feed(self, data: bytes) -> list[Page]:
         """Feed bytes; return the pages completed so far (and forget them)."""
-        try:
-            text = self._decoder.decode(data)
-        except UnicodeDecodeError as exc:
-            raise DumpError(
-                f"{self.name}: bytes that are not UTF-8 near decompressed byte {self._bytes_fed + exc.start:,}; "
-                "the dump is corrupt or re-encoded, download it again"
-            ) from exc
+        # Bytes go to expat as they are: decoding them here first would cost a decode and expat's
+        # re-encode per byte. Invalid UTF-8 stops expat; _push then names it as such.
+        self._push(data)
         self._bytes_fed += len(data)
-        self._push(text)
         pages, self._pages = self._pages, []
         return pages
 
     def close(self) -> list[Page]:
         """Finish; raise a DumpError when the XML stops mid-document."""
-        try:
-            tail = self._decoder.decode(b"", final=True)
-        except UnicodeDecodeError as exc:
-            raise DumpError(f"{self.name}: the file ends inside a UTF-8 character; it was cut short") from exc
-        if tail:
-            self._push(tail)
         if self.wrapped:
-            self._push("</mediawiki>")
+            self._push(b"</mediawiki>")
         try:
             self._parser.close()
             self._drain()
@@ -198,16 +185,28 @@ class PageParser:
         pages, self._pages = self._pages, []
         return pages
 
-    def _push(self, text: str) -> None:
+    def _push(self, data: bytes) -> None:
         try:
-            self._parser.feed(text)
+            self._parser.feed(data)
             self._drain()
         except ParseError as exc:
+            self._check_utf8(data)
             line, col = exc.position
             raise DumpError(
                 f"{self.name}: malformed XML at line {line:,}, column {col} ({exc.msg if hasattr(exc, 'msg') else exc}); "
                 "the file is corrupt or not a MediaWiki export"
             ) from exc
+
+    def _check_utf8(self, data: bytes) -> None:
+        """Name invalid UTF-8 as such (expat only says "not well-formed")."""
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data":  # a character cut by the chunk boundary is fine
+                raise DumpError(
+                    f"{self.name}: bytes that are not UTF-8 near decompressed byte {self._bytes_fed + exc.start:,}; "
+                    "the dump is corrupt or re-encoded, download it again"
+                ) from exc
 
     def _drain(self) -> None:
         for event, elem in self._parser.read_events():

@@ -36,7 +36,9 @@ PASSAGES_DIR = "passages"
 STAGING_DIR = "_staging"
 REPORTS_DIR = "_reports"
 MANIFEST = "manifest.json"
-AUTO_SHARD_BYTES = 4 << 20  # bounds a worker's memory: one shard in flight each
+# A worker holds one shard's passages at a time (about 1,000 pages for 8 MiB of dump); each part costs a
+# Prefect task run and a gate validation, so much smaller shards spend their time on those.
+AUTO_SHARD_BYTES = 8 << 20
 AUTO_MIN_SHARDS = 4
 
 
@@ -47,7 +49,7 @@ class IngestConfig(BaseModel):
     index: str | None = Field(None, description="multistream index (offset:page_id:title), .txt or .txt.bz2")
     words_per_passage: int = Field(100, ge=1, description="DPR's window: disjoint runs of this many words")
     skip_disambiguation: bool = Field(True, description="leave disambiguation pages out of the passages")
-    shards: int = Field(0, ge=0, description="multistream shards; 0 picks one per 4 MiB of dump, at least 4")
+    shards: int = Field(0, ge=0, description="multistream shards; 0 picks one per 8 MiB of dump, at least 4")
     batch_pages: int = Field(200, ge=1, description="pages per Dask task when there is no index")
     max_residue_rate: float = Field(0.01, ge=0, le=1, description="gate: most passages allowed to keep markup")
 

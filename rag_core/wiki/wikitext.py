@@ -14,22 +14,30 @@ deep nesting costs one linear pass rather than one pass per level.
 from __future__ import annotations
 
 import html
+import operator
 import re
 
 # Bump when the output of clean_wikitext changes: passage sets are keyed by it.
-CLEANER_VERSION = "1"
+# 2: an unclosed "[[" no longer repeats the text before it (version 1 wrote that text twice).
+CLEANER_VERSION = "2"
 
-_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+# Bodies are written as "runs without the closer's first character" rather than a lazy ".*?",
+# which would try the closer at every character of every comment and reference.
+_COMMENT = re.compile(r"<!--[^-]*(?:-(?!->)[^-]*)*(?:-->|\Z)")
 _DROPPED_TAGS = (
     "ref|references|math|chem|ce|gallery|timeline|score|syntaxhighlight|source|imagemap|"
     "templatedata|mapframe|maplink|graph|hiero|inputbox|categorytree|noinclude|includeonly|indicator"
 )
-_SELF_CLOSING = re.compile(rf"<(?:{_DROPPED_TAGS})\b[^>]*/\s*>", re.I)
-_PAIRED = re.compile(rf"<({_DROPPED_TAGS})\b[^>]*>.*?</\1\s*>", re.I | re.S)
+_SELF_CLOSING = re.compile(rf"<(?=[A-Za-z])(?:{_DROPPED_TAGS})\b[^>]*/\s*>", re.I)
+_PAIRED = re.compile(rf"<(?=[A-Za-z])({_DROPPED_TAGS})\b[^>]*>[^<]*(?:<(?!/\1\s*>)[^<]*)*</\1\s*>", re.I)
 # Table tokens count only at the start of a line; that is checked in Python, which keeps this
 # pattern a plain character scan (a line anchor would make the engine try every position).
-_BLOCK_TOKENS = re.compile(r"\{\{|\}\}|\{\||\|\}(?!\})")
-_LINK_TOKENS = re.compile(r"\[\[|\]\]")
+# A template with no brace inside is one token (one loop step instead of two); then the
+# openers and closers.  (Capture groups would cost the engine its fast scan for "{", "}", "|".)
+_BLOCK_TOKENS = re.compile(r"(\{\{[^{}]*\}\}|\{\{|\}\}|\{\||\|\}(?!\}))")  # one group: split keeps tokens
+_CLOSER = {"{{": "}}", "{|": "|}"}
+# A link with no bracket inside is one token (one loop step instead of two); then "[[" and "]]".
+_LINK_TOKENS = re.compile(r"(\[\[[^\[\]]*\]\]|\[\[|\]\])")  # one group: split keeps tokens
 # Interlanguage prefixes are lower case; an upper-case prefix is an ordinary title with a colon.
 _LANG_PREFIX = re.compile(r"^\s*(?:[a-z]{2,3}(?:-[a-z]{2,8})*|simple)\s*:")
 _NAMESPACE_PREFIX = re.compile(
@@ -43,11 +51,12 @@ _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _BREAK_TAG = re.compile(r"<br\s*/?>", re.I)
 _HTML_TAG = re.compile(r"</?[a-zA-Z][^<>]*>")
 _LIST_MARKER = re.compile(r"^[*#:;]+\s*")
-# Replacing only runs (not every single space) keeps these passes cheap.
-_ODD_SPACES = re.compile(r"[\t\u00a0\u2009\u200b]")
+_ODD_SPACES = "\t\u00a0\u2009\u200b"  # each becomes a plain space
 _MULTI_SPACE = re.compile(r"  +")
 _EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
-_SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)])")
+_PUNCT_AFTER_SPACE = ",.;:!?)"  # a space before one of these is dropped
+# Python 3.11 expands a template such as r"\1" in Python for every match; a C callable does not.
+_GROUP_1 = operator.itemgetter(1)
 
 TRAILING_SECTIONS = frozenset(
     {
@@ -87,37 +96,53 @@ def redirect_target(wikitext: str) -> str | None:
 
 def _remove_blocks(text: str) -> str:
     """Drop templates ``{{...}}`` and tables ``{|...|}``, nested to any depth."""
-    out: list[str] = []
-    stack: list[tuple[str, int]] = []
-    keep_from = 0
-    for m in _BLOCK_TOKENS.finditer(text):
-        tok = m.group()
-        if tok[0] == "|" or tok[1] == "|":
-            line_start = text.rfind("\n", 0, m.start()) + 1
-            if text[line_start : m.start()].strip():
-                continue  # "{|" or "|}" inside a line is not a table
-        if tok in ("{{", "{|"):
+    parts = _BLOCK_TOKENS.split(text)  # [text, token, text, token, ..., text]
+    if len(parts) == 1:
+        return text
+    out = [parts[0]]
+    stack: list[tuple[str, int]] = []  # (closing token, index in parts of the block's opener)
+    for i in range(1, len(parts), 2):
+        tok = parts[i]
+        if len(tok) > 2:  # a whole template with no brace inside
             if not stack:
-                out.append(text[keep_from : m.start()])
-            stack.append(("}}" if tok == "{{" else "|}", m.start()))
+                out.append(parts[i + 1])
+            continue  # inside another block, which is dropped whole
+        if (tok[0] == "|" or tok[1] == "|") and not _at_line_start(parts, i):
+            if not stack:
+                out.append(tok)  # "{|" or "|}" inside a line is not a table
+                out.append(parts[i + 1])
             continue
-        depth = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] == tok), None)
-        if depth is None:
-            if not stack:  # a stray closer outside any block: drop just the token
-                out.append(text[keep_from : m.start()])
-                keep_from = m.end()
+        closer = _CLOSER.get(tok)
+        if closer is not None:
+            stack.append((closer, i))
             continue
-        del stack[depth:]
+        if stack and stack[-1][0] == tok:  # the usual case: it closes the innermost block
+            stack.pop()
+        else:
+            depth = next((k for k in range(len(stack) - 1, -1, -1) if stack[k][0] == tok), None)
+            if depth is None:
+                if not stack:  # a stray closer outside any block: drop just the token
+                    out.append(parts[i + 1])
+                continue
+            del stack[depth:]
         if not stack:
-            keep_from = m.end()
+            out.append(parts[i + 1])
     if stack:
         # An unclosed block swallows only the rest of its paragraph, not the article.
-        end = text.find("\n\n", stack[0][1])
+        rest = "".join(parts[stack[0][1] :])
+        end = rest.find("\n\n")
         if end >= 0:
-            out.append(_remove_blocks(text[end:]))
-    else:
-        out.append(text[keep_from:])
+            out.append(_remove_blocks(rest[end:]))
     return "".join(out)
+
+
+def _at_line_start(parts: list[str], i: int) -> bool:
+    """Whether token ``parts[i]`` has only whitespace before it on its line (tokens are never blank)."""
+    before = parts[i - 1]
+    newline = before.rfind("\n")
+    if newline >= 0:
+        return not before[newline + 1 :].strip()
+    return i == 1 and not before.strip()
 
 
 def _link_text(inner: str) -> str:
@@ -129,33 +154,67 @@ def _link_text(inner: str) -> str:
 
 
 def _replace_links(text: str) -> str:
-    """``[[target|label]]`` to its label; files, categories and interwiki links dropped."""
-    out: list[str] = []
+    """``[[target|label]]`` to its label; files, categories and interwiki links dropped.
+
+    A link holding another link is dropped whole; a stray ``]]`` is dropped; an
+    unclosed ``[[`` drops the rest of the text.
+    """
+    parts = _LINK_TOKENS.split(text)  # [text, token, text, token, ..., text]
+    if len(parts) == 1:
+        return text
+    out = [parts[0]]
     depth = 0
-    keep_from = 0
-    start = 0
-    for m in _LINK_TOKENS.finditer(text):
-        if m.group() == "[[":
-            if depth == 0:
-                out.append(text[keep_from : m.start()])
-                start = m.end()
-            depth += 1
-        elif depth:
+    inner: list[str] = []  # the open top-level link's text so far
+    nested = False
+    for i in range(1, len(parts), 2):
+        tok, after = parts[i], parts[i + 1]
+        if depth == 0:
+            if len(tok) > 2:  # a whole link with no bracket inside: the usual case
+                link = tok[2:-2]
+                if ":" in link:
+                    out.append(_link_text(link))
+                else:
+                    target, bar, label = link.partition("|")
+                    label = label.strip() if bar else ""
+                    out.append(label or target.strip())
+                out.append(after)
+            elif tok == "[[":
+                depth, inner, nested = 1, [after], False
+            else:  # a stray "]]": dropped
+                out.append(after)
+            continue
+        if tok == "]]":
             depth -= 1
             if depth == 0:
-                inner = text[start : m.start()]
-                out.append(_link_text(inner) if "[[" not in inner else "")
-                keep_from = m.end()
+                out.append("" if nested else _link_text("".join(inner)))
+                out.append(after)
+                continue
         else:
-            out.append(text[keep_from : m.start()])
-            keep_from = m.end()
-    out.append(text[keep_from:] if depth == 0 else text[keep_from : start - 2])
-    return "".join(out)
+            nested = True
+            if tok == "[[":
+                depth += 1
+        inner.append(tok)
+        inner.append(after)
+    return "".join(out)  # an unclosed "[[" leaves out everything after it
+
+
+def _spaces(text: str) -> str:
+    """Odd spaces to plain ones, runs of spaces to one, no space before closing punctuation."""
+    for odd in _ODD_SPACES:
+        if odd in text:
+            text = text.replace(odd, " ")
+    text = _MULTI_SPACE.sub(" ", text)
+    # No run of spaces is left, so dropping "one space before" equals dropping "all spaces before".
+    for mark in _PUNCT_AFTER_SPACE:
+        pair = " " + mark
+        if pair in text:
+            text = text.replace(pair, mark)
+    return text
 
 
 def _inline(text: str) -> str:
     """Inline markup, over the whole text at once (one regex pass each, not one per line)."""
-    text = _EXTERNAL_LINK.sub(r"\1", text)
+    text = _EXTERNAL_LINK.sub(_GROUP_1, text)
     text = _BARE_URL.sub("", text)
     text = _BOLD_ITALIC.sub("", text)
     text = _MAGIC_WORD.sub("", text)
@@ -164,8 +223,7 @@ def _inline(text: str) -> str:
     text = html.unescape(text)
     text = _HTML_TAG.sub("", text)  # tags that were escaped as &lt;...&gt;
     text = _EMPTY_PARENS.sub("", text)
-    text = _MULTI_SPACE.sub(" ", _ODD_SPACES.sub(" ", text))
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    return _spaces(text)
 
 
 def clean_wikitext(wikitext: str) -> str:
@@ -179,7 +237,7 @@ def clean_wikitext(wikitext: str) -> str:
     current: list[str] = []
     skip_level = 0  # inside a trailing section of this heading level (0: not skipping)
     for raw_line in text.split("\n"):
-        heading = _HEADING.match(raw_line)
+        heading = _HEADING.match(raw_line) if raw_line[:1] == "=" else None
         if heading:
             level = len(heading.group(1))
             if skip_level and level > skip_level:
@@ -197,11 +255,14 @@ def clean_wikitext(wikitext: str) -> str:
                 paragraphs.append(" ".join(current))
                 current = []
             continue
-        if stripped[0] in "|!" or stripped.startswith("----"):
+        first = stripped[0]
+        if first in "|!" or stripped.startswith("----"):
             continue  # residue of a table or a rule
-        line = _LIST_MARKER.sub("", stripped).strip()
-        if line:
-            current.append(line)
+        if first in "*#:;":  # a list item's marker
+            stripped = stripped.lstrip("*#:;").strip()
+            if not stripped:
+                continue
+        current.append(stripped)
     if current:
         paragraphs.append(" ".join(current))
     return "\n".join(paragraphs)

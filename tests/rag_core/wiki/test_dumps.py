@@ -185,3 +185,36 @@ def test_index_beyond_the_end_and_garbage_index(wiki: Path, tmp_path: Path) -> N
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DumpError, match="no such file"):
         list(iter_pages(DumpSource(str(tmp_path / "absent.xml.bz2"))))
+
+
+def test_bytes_split_anywhere_parse_the_same() -> None:
+    """Bytes go to expat as they come: a chunk may end inside a UTF-8 character or an entity."""
+    from rag_core.wiki.dumps import PageParser, parse_pages
+
+    xml = export_xml([page_xml(1, "Café Zürich", "Ünïcödé &amp; <ref>日本語</ref> text"),
+                      page_xml(2, "Ωmega", "more — words")]).encode()
+    whole = list(parse_pages([xml], "whole.xml"))
+    assert [p.title for p in whole] == ["Café Zürich", "Ωmega"]
+    assert whole[0].text == "Ünïcödé &amp; <ref>日本語</ref> text"
+    for cut in range(1, len(xml)):
+        parser = PageParser("split.xml")
+        pages = parser.feed(xml[:cut]) + parser.feed(xml[cut:]) + parser.close()
+        assert pages == whole, cut
+
+
+def test_rust_and_stdlib_bz2_give_the_same_bytes_and_errors(wiki: Path) -> None:
+    """Multistream streams are decompressed by libbz2's Rust port where installed; the stdlib is the reference."""
+    from rag_core.wiki import multistream
+
+    if multistream._rust_bz2 is None:
+        pytest.skip("cramjam-pure-rust is not installed: only the stdlib path runs")
+    data = MULTISTREAM.read_bytes()
+    streams = read_index(DumpSource(str(MULTISTREAM_INDEX)))
+    start = streams[0].offset  # page streams and the footer, after the header stream
+    rust = multistream.decompress_streams(data[start:], "d", start)
+    assert rust == multistream.decompress_streams(data[start:], "d", start, use_rust=False)
+    assert rust.count(b"<page>") == sum(len(s.page_ids) for s in streams)
+    for bad in (data[start : (start + len(data)) // 2], data[start : start + 200] + b"\x00" * 64 + data[start + 264 :]):
+        for use_rust in (True, False):
+            with pytest.raises(DumpError, match="corrupt|cut short"):
+                multistream.decompress_streams(bad, "d", start, use_rust=use_rust)
