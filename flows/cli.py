@@ -340,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     passages = sub.add_parser("passages", help="list the published passage sets of a store")
     passages.add_argument("--store", help="store URL (default <home>/store)")
     passages.set_defaults(func=cmd_passages)
+    from flows import ask, models  # noqa: E402  (their commands live in their modules)
+
+    ask.add_parser(sub), models.add_parser(sub)
     return parser
 
 
