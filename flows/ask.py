@@ -1,8 +1,9 @@
 """``wikirag ask``: answers in English from a published index and the default generator (zero-shot, no flow run).
 
 The RAG model is the index's own question encoder, the index (LATEST or ``--index``) and a
-decoder-only generator (``wikirag models fetch``: SmolLM2-135M-Instruct) in the precision
-``rag_core.hardware`` picks for this CPU. ``--closed-book`` asks the generator alone: the paper's
+decoder-only generator (``wikirag models fetch``: SmolLM2-135M-Instruct), in float32 by default:
+bf16 (``--dtype auto``, where ``rag_core.hardware`` finds it native) is ~3x faster on AMX CPUs but
+changes some greedy answers (bench/answer_speed.py counts them), so it is opt-in. ``--closed-book`` asks the generator alone: the paper's
 baseline. Provenance lists the retrieved passages in the model's order of p(z|x).
 """
 
@@ -19,7 +20,7 @@ MAX_NEW_TOKENS = 32
 
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
-               kind: str = "sequence", n_docs: int = 5) -> Any:
+               kind: str = "sequence", n_docs: int = 5, dtype: str = "float32") -> Any:
     """A RagModel over index ``index`` (LATEST when None) with the generator folder (the fetched default when None)."""
     from flows.models import resolve_generator
     from flows.search import query_encoder_config
@@ -31,7 +32,7 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
     path = resolve_generator(settings.home, generator)  # a clear error before the index loads
     retriever = IndexRetriever.load(Store(settings.store_url, settings.storage_options()), index)
     config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=query_encoder_config(retriever.manifest, None, None),
-                       generator=GeneratorConfig(path=str(path), dtype="auto"))
+                       generator=GeneratorConfig(path=str(path), dtype=dtype))
     return RagModel.create(config, retriever)
 
 
@@ -75,7 +76,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     questions = read_questions(args.questions, args.question)
     if args.n_docs < 1:
         raise WikiragError(f"--n-docs must be at least 1, got {args.n_docs}")
-    model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs)
+    model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
+                       dtype=args.dtype)
     print_answers(answer(model, questions, closed_book=args.closed_book), as_json=args.json)
     return 0
 
@@ -92,6 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--kind", choices=["sequence", "token"], default="sequence",
                      help="RAG-Sequence (default) or RAG-Token marginalisation")
     ask.add_argument("--n-docs", type=int, default=5, help="passages per question (default 5)")
+    ask.add_argument("--dtype", choices=["float32", "auto", "bfloat16"], default="float32",
+                     help="generator weights (default float32; auto = bf16 where the CPU has it natively: faster, "
+                     "but some answers change)")
     ask.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval (the baseline)")
     ask.add_argument("--json", action="store_true", help="one JSON line per question, in input order: "
                      '{"question", "answer", "provenance": [{"passage_id", "title", "score"}, ...]}')
