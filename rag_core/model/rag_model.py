@@ -1,4 +1,4 @@
-"""The RAG model (Lewis et al., 2020): a trainable question encoder, a frozen index, a seq2seq generator.
+"""The RAG model (Lewis et al., 2020): a trainable question encoder, a frozen index, a generator.
 
 Three steps, each its own method, so that a training recipe or a notebook can
 look at (or replace) any of them:
@@ -12,7 +12,14 @@ look at (or replace) any of them:
    RAG-Sequence or RAG-Token (``config.kind``) by :mod:`rag_core.model.marginalize`.
 3. ``generate(questions)`` -> answers, by :mod:`rag_core.model.decoding`.
 
-Generator input, as in transformers' ``RagRetriever.postprocess_docs`` (the
+The generator is seq2seq (BART, T5, EncoderDecoder) or decoder-only (Llama
+family): :mod:`rag_core.model.generators` builds each family's inputs, targets
+and answer logits (a decoder-only model reads a chat prompt per passage and is
+scored on the answer tokens only), and decoding dispatches to
+:mod:`rag_core.model.decoding` or :mod:`rag_core.model.causal_decoding`. The
+rest of this docstring describes the seq2seq family.
+
+Seq2seq generator input, as in transformers' ``RagRetriever.postprocess_docs`` (the
 paper's code): ``prefix + title + " / " + text + " // " + question``, with one
 pair of double quotes stripped around the title, every double space replaced
 by one, tokenized by the generator's tokenizer and truncated to
