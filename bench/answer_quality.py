@@ -113,6 +113,8 @@ def main() -> int:
     parser.add_argument("--home", help="wikirag workspace with the sample index and the fetched generator")
     parser.add_argument("--n-docs", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "auto", "bfloat16"],
+                        help="generator weights (default float32, as `wikirag ask`)")
     parser.add_argument("--limit", type=int, help="first N questions only (a quick look)")
     parser.add_argument("--markdown", help="write the tables to this file")
     args = parser.parse_args()
@@ -125,7 +127,7 @@ def main() -> int:
 
     quiet_environment()
     settings = Settings(**({"home": args.home} if args.home else {}))
-    model = load_model(settings, n_docs=args.n_docs, kind="sequence")
+    model = load_model(settings, n_docs=args.n_docs, kind="sequence", dtype=args.dtype)
     items, notes = dev_set(article_texts(model.retriever))
     items = items[: args.limit] if args.limit else items
     kinds = {"RAG-Sequence": "sequence", "RAG-Token": "token"}
@@ -150,18 +152,19 @@ def main() -> int:
         print(f"{i + 1}/{len(items)} {item['question']} -> " + " | ".join(
             f"{k}: {v}" for k, v in row["outputs"].items()), file=sys.stderr, flush=True)
     info.finish()
-    lines = report(rows, seconds, notes, info, args)
+    lines = report(rows, seconds, notes, info, args, str(model.generator.dtype).removeprefix("torch."))
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
     return 0
 
 
-def report(rows: list[dict], seconds: dict[str, float], notes: list[str], info: RunInfo, args) -> list[str]:
+def report(rows: list[dict], seconds: dict[str, float], notes: list[str], info: RunInfo, args,
+           dtype: str) -> list[str]:
     n = len(rows)
     sources = Counter(r["source"].split(" ")[0] for r in rows)
     lines = [f"## Answer quality on the real sample ({n} questions: " +
-             ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) + f"; n_docs={args.n_docs}, zero-shot)", "",
+             ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) + f"; n_docs={args.n_docs}, zero-shot, generator {dtype})", "",
              *info.markdown_header(), *(f"- {note}" for note in notes), "" if notes else "",
              "| system | exact match | token F1 | answer in output | mean words | s / question |",
              "|---|---|---|---|---|---|"]
