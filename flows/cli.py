@@ -343,9 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
 
-    from flows.services import add_parser as add_services
+    from flows import ask, models, services  # each command group registers its own subcommands
 
-    add_services(sub)
+    for module in (ask, models, services):
+        module.add_parser(sub)
     return parser
 
 

@@ -365,10 +365,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_services)
 
 
-def cmd_services(args) -> int:
-    from flows.settings import Settings
-
-    home = Path(args.home).expanduser() if getattr(args, "home", None) else Settings().home
+def cmd_services(args, settings) -> int:
+    home = settings.home
     ports = ServicePorts()
     if args.action == "up":
         repo = Path(__file__).resolve().parents[1]

