@@ -31,7 +31,8 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
 
     path = resolve_generator(settings.home, generator)  # a clear error before the index loads
     retriever = IndexRetriever.load(settings.open_store(), index)
-    config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=query_encoder_config(IndexManifest.model_validate(retriever.manifest), None, None),
+    question_encoder = query_encoder_config(IndexManifest.model_validate(retriever.manifest), None, None)
+    config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=question_encoder,
                        generator=GeneratorConfig(path=str(path), dtype=dtype))
     return RagModel.create(config, retriever)
 

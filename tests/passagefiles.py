@@ -28,3 +28,15 @@ def publish_passages(store: Store, dump_id: str, passages: pa.Table) -> str:
     publish(store, dump_id, "test", {"parts": [record], "counts": counts.as_dict(),
                                      "dump": {"url": f"test://{dump_id}", "sha256": digest, "bytes": 0}})
     return store.url_of("passages", dump_id)
+
+
+def publish_small_index(store: Store, dump_id: str, passages: pa.Table, encoder, shards: int,
+                        factory: str = "Flat") -> str:
+    """Publish ``passages`` and a Flat index version of them built with ``encoder`` (in memory); returns the version."""
+    from rag_core.index.build import build_version
+    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.faiss_index import IndexConfig
+
+    publish_passages(store, dump_id, passages)
+    embed = EmbedConfig(encoder=encoder.config, shards=shards)
+    return build_version(store, dump_id, embed, IndexConfig(factory=factory), encoder=encoder)

@@ -21,15 +21,14 @@ from rag_core.wiki.passages import passages_from_pages
 from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
-from tests.indexfiles import publish_small_index
+from tests.passagefiles import publish_small_index
 
 QUESTIONS = ["Who tutored Alexander the Great?", "What is the capital of Alabama?", "Who was Achilles?"]
 
 
 @pytest.fixture(scope="module")
 def sample_passages(wiki: Path) -> pa.Table:
-    table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE_BZ2))))[0]
-    return table.slice(0, 300).select(["passage_id", "title", "text"])
+    return passages_from_pages(iter_pages(DumpSource(str(SAMPLE_BZ2))))[0].slice(0, 300)
 
 
 @pytest.fixture

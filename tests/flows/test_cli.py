@@ -42,7 +42,7 @@ def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFix
     assert f"(default {IndexConfig().recall_target})" in rebuild and f"(default {IndexConfig().factory}:" in rebuild
     assert f"(default {GateConfig().recall_queries})" in rebuild
     assert f"one per {EmbedConfig().passages_per_shard:,} passages, at least {EmbedConfig().min_shards}" in rebuild
-    assert f"(default {EncoderConfig().dtype};" in rebuild and "{float32,bfloat16}" in rebuild
+    assert f"(default {EncoderConfig().dtype};" in rebuild and "{auto,float32,bfloat16}" in rebuild
     ingest = help_text(capsys, "ingest")
     for name in ("words_per_passage", "max_residue_rate", "shards"):
         assert f"(default {IngestConfig.model_fields[name].default}" in ingest

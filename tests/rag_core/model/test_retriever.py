@@ -17,7 +17,7 @@ from rag_core.index.versions import publish_version
 from rag_core.model.retriever import IndexRetriever, RetrieverError
 from rag_core.storage import Store
 from tests.encoderfiles import save_tiny_bert
-from tests.passagefiles import publish_passages, sample_passages
+from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -25,12 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def passages(wiki: Path) -> pa.Table:
     return sample_passages().slice(0, 400)
-
-
-def publish_small_index(store: Store, dump_id: str, passages: pa.Table, encoder: Encoder, shards: int) -> str:
-    publish_passages(store, dump_id, passages)
-    embed = EmbedConfig(encoder=encoder.config, shards=shards)
-    return build_version(store, dump_id, embed, IndexConfig(factory="Flat"), encoder=encoder)
 
 
 @pytest.fixture(scope="module")
