@@ -48,8 +48,22 @@ def given(args: argparse.Namespace, **fields: str) -> dict[str, Any]:
     return {name: getattr(args, dest) for name, dest in fields.items() if getattr(args, dest, None) is not None}
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the current ``sys.stderr``: one bound at install time may be closed by then (an in-process call)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # noqa: ANN001
+        pass
+
+
 def _configure_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    for old in [h for h in log.handlers if isinstance(h, _StderrHandler)]:
+        log.removeHandler(old)  # main() called twice in one process logs each line once
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s | %(name)s | %(message)s", "%H:%M:%S"))
     log.addHandler(handler)
     log.setLevel(logging.DEBUG if verbose else logging.INFO)

@@ -28,6 +28,17 @@ MULTISTREAM_INDEX = WIKI / "enwiki-sample-pages-articles-multistream-index.txt.b
 TABLES_BZ2 = WIKI / "enwiki-table-markup.xml.bz2"
 
 
+@pytest.fixture(autouse=True)
+def _wikirag_logger_as_found() -> Iterator[None]:
+    """An in-process CLI call configures the ``wikirag`` logger; the next test (and caplog) gets it back as found."""
+    import logging
+
+    logger = logging.getLogger("wikirag")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
 @pytest.fixture(scope="session")
 def wiki() -> Path:
     """The real Wikipedia samples in ../shared/data (skipped in a clone without them)."""

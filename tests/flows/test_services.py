@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -84,8 +85,11 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
         deployments = {d["name"]: d for d in _api(api, "/deployments/filter", {})}
         assert {"index-rebuild-enwiki", "ingest-enwiki"} <= set(deployments)
         assert {d["version"] for d in deployments.values()} == {commit}  # the code each deployment runs
-        scheduled = _api(api, "/flow_runs/filter", {"deployments": {"id": {"any_": [
-            deployments["index-rebuild-enwiki"]["id"]]}}, "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+        query = {"deployments": {"id": {"any_": [deployments["index-rebuild-enwiki"]["id"]]}},
+                 "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
+        deadline = time.monotonic() + 150  # the server's scheduler wakes every 60 s; on a busy machine, later
+        while not (scheduled := _api(api, "/flow_runs/filter", query)) and time.monotonic() < deadline:
+            time.sleep(3)
         assert scheduled, "the scheduled index rebuild shows no upcoming runs"
 
         params = {"dump": str(wiki / "enwiki-sample-pages-articles-multistream.xml.bz2"),
