@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from flows.settings import Settings
-
-MAX_NEW_TOKENS = 32
 
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
@@ -35,26 +32,6 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
     config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=question_encoder,
                        generator=GeneratorConfig(path=str(path), dtype=dtype))
     return RagModel.create(config, retriever)
-
-
-def answer(model: Any, questions: Sequence[str], *, n_docs: int | None = None, closed_book: bool = False,
-           max_new_tokens: int = MAX_NEW_TOKENS) -> list[dict]:
-    """``{"question", "answer", "provenance": [{passage_id, title, score = p(z|x)}, ...]}`` per question, in order."""
-    import torch
-
-    results = []
-    for question in questions:  # one at a time: the latency a user sees, and no padding between questions
-        with torch.no_grad():
-            batch = model.closed_book([question]) if closed_book else model.retrieve([question], n_docs)
-        text = model.generate(batch, max_new_tokens=max_new_tokens)[0]
-        provenance = []
-        if not closed_book:
-            weights = torch.softmax(batch.doc_scores[0].detach().float(), dim=0)  # p(z|x)
-            for z in weights.argsort(descending=True, stable=True).tolist():
-                provenance.append({"passage_id": batch.passage_ids[0][z], "title": batch.titles[0][z],
-                                   "score": round(float(weights[z]), 4)})
-        results.append({"question": question, "answer": text, "provenance": provenance})
-    return results
 
 
 def print_answers(results: list[dict], *, as_json: bool) -> None:
@@ -77,6 +54,8 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
         raise WikiragError(f"--n-docs must be at least 1, got {args.n_docs}")
     model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
                        dtype=args.dtype)
+    from rag_core.model.answers import answer
+
     print_answers(answer(model, questions, closed_book=args.closed_book), as_json=args.json)
     return 0
 
