@@ -48,14 +48,18 @@ def print_answers(results: list[dict], *, as_json: bool) -> None:
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from flows.search import read_questions
     from rag_core.errors import WikiragError
+    from rag_core.model.answers import answer
 
     questions = read_questions(args.questions, args.question)
     if args.n_docs < 1:
         raise WikiragError(f"--n-docs must be at least 1, got {args.n_docs}")
-    model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
-                       dtype=args.dtype)
-    from rag_core.model.answers import answer
+    if args.model:  # a registered model: its own generator, question encoder and index binding
+        from tasks.evaluation import load_registered_model
 
+        model = load_registered_model(args.model, settings.tracking_uri, args.index)
+    else:
+        model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
+                           dtype=args.dtype)
     print_answers(answer(model, questions, closed_book=args.closed_book), as_json=args.json)
     return 0
 
@@ -66,7 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("question", nargs="*", help="questions, one per argument")
     ask.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
     ask.add_argument("--store", help="store URL (default <home>/store)")
-    ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST)")
+    ask.add_argument("--model", metavar="URI", help="a registered model, e.g. models:/wikirag-nq@champion (MLflow at "
+                     "MLFLOW_TRACKING_URI, else the workspace's); its index binding unless --index is given")
+    ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST, or the model's own)")
     ask.add_argument("--generator", metavar="DIR", help="local generator folder, seq2seq or decoder-only "
                      "(default: the one `wikirag models fetch` installs)")
     ask.add_argument("--kind", choices=["sequence", "token"], default="sequence",
