@@ -3,7 +3,7 @@
 Both answer each question by RAG-Sequence (thorough, greedy per document, n_docs passages, up to
 ``--max-new-tokens`` answer tokens, the same stop rule) with the same loaded model:
 
-- **wikirag**: ``flows.ask.answer``: retrieval, one batched prefill of the n_docs prompts, one
+- **wikirag**: ``rag_core.model.answers.answer``: retrieval, one batched prefill of the n_docs prompts, one
   greedy search over all documents at once (a KV cache per document), then every candidate scored
   under every document from the prefill's cache (only answer tokens run again);
 - **transformers**: the same retrieval, then ``generator.generate`` on each of the n_docs prompts
@@ -82,9 +82,10 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     info = RunInfo.start()
-    from flows.ask import answer, load_model
+    from flows.ask import load_model
     from flows.settings import Settings, quiet_environment
     from rag_core.hardware import choose_precision
+    from rag_core.model.answers import answer
 
     quiet_environment()
     settings = Settings(**({"home": args.home} if args.home else {}))
@@ -130,7 +131,7 @@ def main() -> int:
              f"the float32 generator (as `wikirag ask`); {precision_line}.",
              f"Answers equal between the engines: {same_engines}/{len(questions)}.", "",
              "| engine | s per question (min / median / max of repeats) |", "|---|---|",
-             f"| wikirag (`flows.ask.answer`) | {spread(times['wikirag'], '{:.2f}')} |",
+             f"| wikirag (`rag_core.model.answers.answer`) | {spread(times['wikirag'], '{:.2f}')} |",
              f"| transformers `generate` per document + batched scoring | {spread(times['transformers'], '{:.2f}')} |",
              *([f"| wikirag, bf16 generator (`--dtype auto`) | {spread(times['wikirag bf16'], '{:.2f}')} |"]
                if fast else []),

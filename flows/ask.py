@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from flows.settings import Settings
-
-MAX_NEW_TOKENS = 32
 
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
@@ -37,26 +34,6 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
     return RagModel.create(config, retriever)
 
 
-def answer(model: Any, questions: Sequence[str], *, n_docs: int | None = None, closed_book: bool = False,
-           max_new_tokens: int = MAX_NEW_TOKENS) -> list[dict]:
-    """``{"question", "answer", "provenance": [{passage_id, title, score = p(z|x)}, ...]}`` per question, in order."""
-    import torch
-
-    results = []
-    for question in questions:  # one at a time: the latency a user sees, and no padding between questions
-        with torch.no_grad():
-            batch = model.closed_book([question]) if closed_book else model.retrieve([question], n_docs)
-        text = model.generate(batch, max_new_tokens=max_new_tokens)[0]
-        provenance = []
-        if not closed_book:
-            weights = torch.softmax(batch.doc_scores[0].detach().float(), dim=0)  # p(z|x)
-            for z in weights.argsort(descending=True, stable=True).tolist():
-                provenance.append({"passage_id": batch.passage_ids[0][z], "title": batch.titles[0][z],
-                                   "score": round(float(weights[z]), 4)})
-        results.append({"question": question, "answer": text, "provenance": provenance})
-    return results
-
-
 def print_answers(results: list[dict], *, as_json: bool) -> None:
     for item in results:
         if as_json:
@@ -71,12 +48,18 @@ def print_answers(results: list[dict], *, as_json: bool) -> None:
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from flows.search import read_questions
     from rag_core.errors import WikiragError
+    from rag_core.model.answers import answer
 
     questions = read_questions(args.questions, args.question)
     if args.n_docs < 1:
         raise WikiragError(f"--n-docs must be at least 1, got {args.n_docs}")
-    model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
-                       dtype=args.dtype)
+    if args.model:  # a registered model: its own generator, question encoder and index binding
+        from tasks.evaluation import load_registered_model
+
+        model = load_registered_model(args.model, settings.tracking_uri, args.index)
+    else:
+        model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
+                           dtype=args.dtype)
     print_answers(answer(model, questions, closed_book=args.closed_book), as_json=args.json)
     return 0
 
@@ -87,7 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("question", nargs="*", help="questions, one per argument")
     ask.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
     ask.add_argument("--store", help="store URL (default <home>/store)")
-    ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST)")
+    ask.add_argument("--model", metavar="URI", help="a registered model, e.g. models:/wikirag-nq@champion (MLflow at "
+                     "MLFLOW_TRACKING_URI, else the workspace's); its index binding unless --index is given")
+    ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST, or the model's own)")
     ask.add_argument("--generator", metavar="DIR", help="local generator folder, seq2seq or decoder-only "
                      "(default: the one `wikirag models fetch` installs)")
     ask.add_argument("--kind", choices=["sequence", "token"], default="sequence",

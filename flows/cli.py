@@ -80,7 +80,7 @@ class _ExpectedErrorFilter(logging.Filter):
         return True
 
 
-def _quiet_expected_tracebacks() -> None:
+def quiet_expected_tracebacks() -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     loggers = [logging.root, *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
@@ -121,7 +121,7 @@ def run_ingest(settings: Settings, config: IngestConfig) -> str:
         from flows.ingest import dask_runner, ingest  # imports prefect: only once its API is known
 
         if not log.isEnabledFor(logging.DEBUG):
-            _quiet_expected_tracebacks()
+            quiet_expected_tracebacks()
         runner = dask_runner(settings.dask_address, settings.workers)
         url = ingest.with_options(task_runner=runner)(config=config, store=settings.store_access())
     _log_counts(settings, url)
@@ -151,7 +151,7 @@ def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConf
         from flows.ingest import dask_runner
 
         if not log.isEnabledFor(logging.DEBUG):
-            _quiet_expected_tracebacks()
+            quiet_expected_tracebacks()
         runner = dask_runner(settings.dask_address, settings.workers)
         version = index_rebuild.with_options(task_runner=runner)(
             ingest_config=ingest, store=settings.store_access(), embed=embed, index=index, gate=gate)
@@ -357,9 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
 
-    from flows import ask, models, services  # each command group registers its own subcommands
+    from flows import ask, cli_train, models, services  # each command group registers its own subcommands
 
-    for module in (ask, models, services):
+    for module in (ask, cli_train, models, services):
         module.add_parser(sub)
     return parser
 

@@ -97,3 +97,54 @@ def gate_dataset(kind: str, train: list[Example], dev: list[Example], reports: S
     create_markdown_artifact(markdown=markdown, key=artifact_key(f"dataset-gate-{kind}"), description="failed gate")
     failed = "; ".join(r.summary() for r in combine(results) if not r.success)
     raise GateError(f"{failed}; training not started{where}")
+
+
+def predictions_frame(examples: Sequence[Example], predictions: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per dev example with its prediction, then one per prediction whose id no dev example has."""
+    by_id: dict[str, list[Any]] = {}
+    for record in predictions:
+        by_id.setdefault(str(record.get("id")), []).append(record.get("prediction"))
+    ids = [e.id for e in examples]
+    strays = [i for i in by_id if i not in set(ids)]
+    fever = {e.id for e in examples if e.kind in ("fever3", "fever2")}
+    first = [(by_id.get(i) or [None])[0] for i in ids]
+    return pd.DataFrame({
+        "id": ids + strays,
+        "known_id": [True] * len(ids) + [False] * len(strays),
+        "predictions": [len(by_id.get(i, [])) for i in ids] + [len(by_id[i]) for i in strays],
+        "prediction": first + [by_id[i][0] for i in strays],
+        # FEVER labels as label_match reads them: case, spacing and a final full stop aside
+        "label": [" ".join(str(p).upper().split()).rstrip(".") if i in fever and p is not None else None
+                  for i, p in zip(ids, first)] + [None] * len(strays),
+    })
+
+
+def prediction_expectations(kind: str) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    expectations = [
+        gxe.ExpectColumnValuesToBeInSet(column="known_id", value_set=[True]),  # no prediction for an unknown id
+        gxe.ExpectColumnValuesToBeBetween(column="predictions", min_value=1, max_value=1),  # one per dev example
+        gxe.ExpectColumnValuesToNotBeNull(column="prediction"),
+        gxe.ExpectColumnValueLengthsToBeBetween(column="prediction", min_value=1),
+    ]
+    labels = task_kind(kind).labels
+    if labels is not None:  # a generated label must be one the task knows
+        expectations.append(gxe.ExpectColumnValuesToBeInSet(column="label", value_set=sorted(labels)))
+    return expectations
+
+
+def validate_predictions(kind: str, examples: Sequence[Example], predictions: Sequence[dict[str, Any]]) -> GateResult:
+    """The predictions gate: one non-empty prediction per dev example (known labels for FEVER), none extra."""
+    return _validate("predictions", predictions_frame(examples, predictions), prediction_expectations(kind))
+
+
+@task
+def gate_predictions(kind: str, examples: list[Example], predictions: list[dict[str, Any]]) -> str:
+    """The predictions gate after evaluation: its markdown, or GateError (and an artifact) when it fails."""
+    result = validate_predictions(kind, examples, predictions)
+    markdown = report_markdown(f"Predictions gate ({kind}: {len(examples):,} dev examples)", [result])
+    if result.success:
+        return markdown
+    create_markdown_artifact(markdown=markdown, key=artifact_key(f"predictions-gate-{kind}"), description="failed gate")
+    raise GateError(f"{result.summary()}; the model is not registered")

@@ -25,6 +25,12 @@ from rag_core.errors import WikiragError
 _SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|(^|[_.])key$", re.IGNORECASE)
 _PARAM_CHARS = 6000  # MLflow's limit on a parameter value
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
+_METRIC_NAME = re.compile(r"[^\w\-. :/]")  # what MLflow refuses in a metric name
+
+
+def metric_name(name: str) -> str:
+    """``answer_recall@5`` as MLflow accepts it: ``answer_recall_at_5`` (other refused characters become _)."""
+    return _METRIC_NAME.sub("_", name.replace("@", "_at_"))
 
 
 class TrackingError(WikiragError):
@@ -74,6 +80,12 @@ class MlflowRunLogger:
         self.client = client
         self.run_id = run_id
 
+    @classmethod
+    def open(cls, tracking_uri: str, run_id: str) -> MlflowRunLogger:
+        """A logger for an existing run (e.g. one a flow created, written to by a training job)."""
+        check_reachable(tracking_uri)
+        return cls(MlflowClient(tracking_uri=tracking_uri), run_id)
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         safe = [Param(k, str(v)[:_PARAM_CHARS]) for k, v in _flatten(params).items() if not _SECRET_NAME.search(k)]
         for start in range(0, len(safe), 100):
@@ -81,7 +93,7 @@ class MlflowRunLogger:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
-        rows = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        rows = [Metric(metric_name(k), float(v), now, step or 0) for k, v in metrics.items()]
         for start in range(0, len(rows), _BATCH):
             self.client.log_batch(self.run_id, metrics=rows[start:start + _BATCH])
 
@@ -120,3 +132,16 @@ def tracked_run(tracking_uri: str, experiment: str, run_name: str,
         client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.FAILED))
         raise
     client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.FINISHED))
+
+
+def open_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str] | None = None) -> str:
+    """Create a run that stays open across tasks and processes (a training job writes into it); returns its id."""
+    check_reachable(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    return client.create_run(experiment_id(client, experiment, tracking_uri), run_name=run_name,
+                             tags=dict(tags or {})).info.run_id
+
+
+def close_run(tracking_uri: str, run_id: str, *, failed: bool = False) -> None:
+    status = RunStatus.FAILED if failed else RunStatus.FINISHED
+    MlflowClient(tracking_uri=tracking_uri).set_terminated(run_id, status=RunStatus.to_string(status))

@@ -117,3 +117,26 @@ def test_the_task_stops_the_run_with_a_report(nq, prefect_server: str, tmp_path:
     (report,) = Store(str(tmp_path)).child(*REPORTS).list()
     text = Store(str(tmp_path)).child(*REPORTS).read_bytes(report).decode()
     assert "FAILED" in text and "| expect_column_values_to_be_unique | normalised_input | 2 of" in text
+
+
+def test_predictions_gate_wants_one_nonempty_prediction_per_dev_example_and_known_labels() -> None:
+    from rag_core.train.examples import Example
+    from tasks.dataset_quality import validate_predictions
+
+    dev = [Example(id=str(i), input=f"q{i}", targets=("a",), kind="nq") for i in range(3)]
+    good = [{"id": str(i), "prediction": "an answer"} for i in range(3)]
+    assert validate_predictions("nq", dev, good).success
+    failing = [  # each breaks exactly the expectation it names
+        ("expect_column_values_to_be_between", "predictions", [*good, {"id": "0", "prediction": "again"}]),
+        ("expect_column_value_lengths_to_be_between", "prediction", [*good[:2], {"id": "2", "prediction": ""}]),
+        ("expect_column_values_to_be_in_set", "known_id", [*good, {"id": "9", "prediction": "stray"}]),
+    ]
+    for expectation, column, predictions in failing:
+        result = validate_predictions("nq", dev, predictions)
+        assert [(f.expectation, f.column) for f in result.failures] == [(expectation, column)], result.summary()
+    missing = validate_predictions("nq", dev, good[:2])
+    assert {(f.expectation, f.column) for f in missing.failures} == {
+        ("expect_column_values_to_be_between", "predictions"), ("expect_column_values_to_not_be_null", "prediction")}
+    fever = [Example(id="c1", input="claim", targets=("SUPPORTS",), kind="fever3", label="SUPPORTS")]
+    assert validate_predictions("fever3", fever, [{"id": "c1", "prediction": "Supports."}]).success
+    assert not validate_predictions("fever3", fever, [{"id": "c1", "prediction": "maybe"}]).success

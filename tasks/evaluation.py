@@ -1,0 +1,65 @@
+"""Prefect tasks of evaluation: task data in, a model's predictions and metrics out, all recorded in MLflow."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from rag_core.evaluate.predictions import Evaluation, evaluate_model, predictions_jsonl
+from rag_core.progress import StageProgress
+from rag_core.train.examples import Example
+from rag_core.train.loaders import load_task
+from tasks.registry import _tracking
+from tasks.tracking import MlflowRunLogger, check_reachable, metric_name
+
+
+@task(retries=2, retry_delay_seconds=5)
+def load_examples(kind: str, url: str, options: dict[str, Any] | None = None) -> list[Example]:
+    """A task file in its original format (path or URL) as examples."""
+    return list(load_task(kind, url, options or {}))
+
+
+def load_registered_model(model_uri: str, tracking_uri: str, index_version: str | None = None) -> Any:
+    """The RagModel inside a registered pyfunc model, retrieving from ``index_version`` (default: its own)."""
+    import mlflow
+
+    check_reachable(tracking_uri)
+    with _tracking(tracking_uri):
+        override = {"index_version": index_version} if index_version else None
+        pyfunc = mlflow.pyfunc.load_model(model_uri, model_config=override)
+    return pyfunc.unwrap_python_model().model
+
+
+@task
+def evaluate(model: Any, examples: list[Example], *, closed_book: bool = False, batch_size: int = 8) -> Evaluation:
+    """Predictions and metrics of ``model`` on ``examples`` (progress as a bar, or a line every 30 s)."""
+    with StageProgress(f"evaluate {examples[0].kind}", len(examples), "example", log=get_run_logger().info) as bar:
+        evaluation = evaluate_model(model, examples, batch_size=batch_size, closed_book=closed_book,
+                                    progress=bar.update)
+    name, value = evaluation.headline
+    get_run_logger().info("%s on %d %s dev examples: %s %.4f (%.2f s/example)", "closed-book" if closed_book else
+                          f"index {evaluation.index_version}", len(examples), evaluation.kind, name, value,
+                          evaluation.seconds_per_example)
+    return evaluation
+
+
+@task
+def record_evaluation(tracking_uri: str, run_id: str, evaluation: Evaluation, prefix: str = "dev",
+                      step: int | None = None) -> dict[str, float]:
+    """Metrics as ``<prefix>_<name>``, and the predictions and scores as the run's artifacts under ``prefix/``."""
+    logger = MlflowRunLogger.open(tracking_uri, run_id)
+    metrics = {f"{prefix}_{k}": v for k, v in evaluation.scores.items()}
+    metrics[f"{prefix}_seconds_per_example"] = evaluation.seconds_per_example
+    logger.log_metrics(metrics, step=step)
+    metrics = {metric_name(k): v for k, v in metrics.items()}  # the names as MLflow keeps them
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "predictions.jsonl").write_bytes(predictions_jsonl(evaluation))
+        (Path(tmp) / "scores.json").write_text(json.dumps(
+            {"kind": evaluation.kind, "index_version": evaluation.index_version, **evaluation.scores}, indent=1))
+        for name in ("predictions.jsonl", "scores.json"):
+            logger.log_artifact(Path(tmp) / name, prefix)
+    return metrics

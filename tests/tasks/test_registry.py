@@ -1,0 +1,124 @@
+"""The model registry on a real MLflow store: logging with the index binding, pinning, the promotion gate,
+and consumers loading ``models:/wikirag-<task>@champion`` in a fresh process and over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.index.retention import delete_version, version_pins
+from rag_core.index.versions import IndexVersionError
+from rag_core.model.generators import GeneratorConfig
+from rag_core.model.rag_model import RagConfig, RagModel
+from rag_core.model.retriever import IndexRetriever
+from rag_core.storage import Store
+from tasks.registry import CHALLENGER, CHAMPION, log_rag_model, model_name, pin_name, register
+from tasks.tracking import tracked_run
+from tests.encoderfiles import save_tiny_bert
+from tests.generatorfiles import save_tiny_llama
+from tests.passagefiles import publish_small_index, sample_passages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bound_model(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str, Path]:
+    """A small real index (tiny BERT encoder, 200 real passages) and a saved RAG model over it (tiny Llama)."""
+    root = tmp_path_factory.mktemp("registry")
+    encoder_dir = save_tiny_bert(root / "encoder")
+    encoder = Encoder.load(EncoderConfig(path=str(encoder_dir), dtype="float32"))
+    store = Store(str(root / "store"))
+    version = publish_small_index(store, "d1", sample_passages().slice(0, 200), encoder, shards=2)
+    config = RagConfig(n_docs=2, question_encoder=encoder.config,
+                       generator=GeneratorConfig(path=str(save_tiny_llama(root / "llama"))))
+    model = RagModel.create(config, IndexRetriever.load(store, version))
+    return store, version, model.save_pretrained(root / "rag")
+
+
+def _registered(uri: str, store: Store, version: str, model_dir: Path, value: float, margin: float = 0.01):
+    with tracked_run(uri, "wikirag-cloze", "finetune") as run:
+        model_uri = log_rag_model(uri, run.run_id, model_dir, store_url=store.url, index_version=version)
+        return register(uri, model_uri, "cloze", run_id=run.run_id, metric="em", value=value, margin=margin,
+                        store=store, index_version=version)
+
+
+def test_promotion_gate_both_ways_with_the_index_pinned(bound_model, tmp_path: Path) -> None:
+    store, version, model_dir = bound_model
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    first = _registered(uri, store, version, model_dir, 0.30)
+    assert (first.alias, first.version, first.champion_version) == (CHAMPION, "1", None)
+    worse = _registered(uri, store, version, model_dir, 0.305)  # better, but not by the margin
+    assert (worse.alias, worse.champion_value) == (CHALLENGER, 0.30) and "kept as challenger" in worse.reason
+    better = _registered(uri, store, version, model_dir, 0.40)
+    assert (better.alias, better.champion_version) == (CHAMPION, "1") and "promoted" in better.reason
+    name = model_name("cloze")
+    assert str(client.get_model_version_by_alias(name, CHAMPION).version) == "3"
+    assert str(client.get_model_version_by_alias(name, CHALLENGER).version) == "2"
+    tags = client.get_model_version(name, "2").tags
+    assert (tags["index_version"], tags["dev_metric"], float(tags["dev_metric_value"])) == (version, "em", 0.305)
+    run = client.get_run(tags["run_id"])
+    assert "kept as challenger" in run.data.tags["promotion"]
+    assert {pin_name(name, v) for v in ("1", "2", "3")} <= set(version_pins(store, version))
+    with pytest.raises(IndexVersionError, match=pin_name(name, "1")):
+        delete_version(store, version, force=True)
+
+
+def _fresh_python(code: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_consumers_load_the_champion_in_a_fresh_process_and_over_http(bound_model, tmp_path: Path) -> None:
+    store, version, model_dir = bound_model
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _registered(uri, store, version, model_dir, 0.5)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
+    questions = ["Who was the teacher of Alexander the Great?", "What is anarchism?"]
+    code = ("import json, mlflow; m = mlflow.pyfunc.load_model('models:/wikirag-cloze@champion'); "
+            f"print(json.dumps(m.predict({questions!r})))")
+    proc = _fresh_python(code, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [a["question"] for a in answers] == questions
+    for item in answers:
+        assert isinstance(item["answer"], str) and len(item["provenance"]) == 2
+        scores = [p["score"] for p in item["provenance"]]
+        assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/wikirag-cloze@champion",
+                               "--host", "127.0.0.1", "--port", str(port), "--env-manager", "local"],
+                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        body = json.dumps({"dataframe_records": [{"question": q} for q in questions]}).encode()
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=60) as resp:
+                    served = json.load(resp)["predictions"]
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"mlflow models serve did not answer: {server.stdout.read()[-3000:]!r}")
+                time.sleep(1)
+        assert [s["answer"] for s in served] == [a["answer"] for a in answers]  # the same model, the same answers
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
