@@ -57,6 +57,12 @@ def parameters(tiny: SimpleNamespace, output: str, step: int) -> dict[str, torch
     return load_file(tiny.root / "store" / output / "checkpoints" / step_folder(step) / "model.safetensors")
 
 
+def gradients(tiny: SimpleNamespace, output: str) -> dict[str, torch.Tensor]:
+    """The first step's gradients: Adam's first moment after one step is (1 - beta1) * gradient."""
+    state = load_file(tiny.root / "store" / output / "checkpoints" / step_folder(1) / "optimizer.safetensors")
+    return {k: v / 0.1 for k, v in state.items() if k.endswith(".exp_avg")}
+
+
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -117,10 +123,12 @@ def _retriever(tiny: SimpleNamespace):
 
 
 def test_gradient_accumulation_equals_the_larger_batch(tiny: SimpleNamespace) -> None:
-    run(make_config(tiny, "runs/accum1", batch_size=8), tiny.store)
-    run(make_config(tiny, "runs/accum4", batch_size=8, grad_accum=4), tiny.store)
-    one, four = parameters(tiny, "runs/accum1", 2), parameters(tiny, "runs/accum4", 2)
-    assert max_difference(one, four) < 1e-6
+    run(make_config(tiny, "runs/accum1", batch_size=8, max_steps=1), tiny.store)
+    run(make_config(tiny, "runs/accum4", batch_size=8, grad_accum=4, max_steps=1), tiny.store)
+    assert max_difference(gradients(tiny, "runs/accum1"), gradients(tiny, "runs/accum4")) < 1e-6
+    # Adam's step is g / (|g| + eps): float rounding in gradients near eps moves a weight by up to ~1e-5 x lr
+    one, four = parameters(tiny, "runs/accum1", 1), parameters(tiny, "runs/accum4", 1)
+    assert max_difference(one, four) < 1e-2 * 1e-3
     start = load_file(Path(tiny.bart) / "model.safetensors")  # where both runs started
     moved = [float((one[f"generator.{k}"] - v).abs().max()) for k, v in start.items() if f"generator.{k}" in one]
     assert len(moved) > 10 and max(moved) > 1e-4  # the steps changed the weights: the comparison above can fail
