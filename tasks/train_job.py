@@ -201,11 +201,12 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
         cmd = torchrun_command(config_file, nproc, result_file=result_file, store_url=store_url,
                                tracking_uri=tracking_uri, run_id=run_id, experiment=experiment)
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        errors: list[str] = []  # the workers' one-line errors: torchrun's own report can push them out of the tail
         proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True, preexec_fn=_die_with_parent)
         log.info("training job started (pid %d, its own process group): %d process(es), output %s", proc.pid,
                  nproc, config.output)
-        reader = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
+        reader = threading.Thread(target=_relay, args=(proc.stdout, tail, errors), daemon=True)
         reader.start()
         try:
             with _sigterm_stops(proc.pid):
@@ -217,17 +218,18 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
             reader.join(timeout=10)
         if code != 0 or not result_file.exists():
             lines = "\n".join(tail)
-            errors = [line for line in tail if "wikirag: error:" in line]
             reason = errors[-1].split("wikirag: error:", 1)[1].strip() if errors else f"exit status {code}"
             raise TrainingJobError(f"training job for {config.output} failed: {reason}\n"
                                    f"--- last {len(tail)} lines of its log ---\n{lines}")
         return TrainResult.model_validate(json.loads(result_file.read_text()))
 
 
-def _relay(stream: Any, tail: collections.deque) -> None:
+def _relay(stream: Any, tail: collections.deque, errors: list[str]) -> None:
     for line in stream:
         line = line.rstrip("\n")
         tail.append(line)
+        if "wikirag: error:" in line:
+            errors.append(line)
         log.info("%s", line)
 
 
