@@ -12,6 +12,19 @@ look at (or replace) any of them:
    RAG-Sequence or RAG-Token (``config.kind``) by :mod:`rag_core.model.marginalize`.
 3. ``generate(questions)`` -> answers, by :mod:`rag_core.model.decoding`.
 
+For training under DistributedDataParallel the first step is cut in two, so
+that everything that trains runs inside one ``forward()`` (DDP reduces the
+gradients of the parameters used in the wrapped forward; a question encoder
+run outside it would never be synchronised):
+
+- ``search(questions)`` -> :class:`SearchResult` (no gradients; the question
+  tower in eval mode, so without dropout): the passages, their stored float32
+  vectors and the generator inputs. FAISS is not differentiable; this is
+  plain data for the next call.
+- ``forward(search_result, answers)``: encodes the questions again *with*
+  gradients, ``doc_scores`` = q · stored vectors, the generator and the loss,
+  all in one call (:meth:`score` is its first half, for inspection).
+
 The generator is seq2seq (BART, T5, EncoderDecoder) or decoder-only (Llama
 family): :mod:`rag_core.model.generators` builds each family's inputs, targets
 and answer logits (a decoder-only model reads a chat prompt per passage and is
@@ -96,8 +109,8 @@ log = logging.getLogger(__name__)
 RAG_JSON = "rag.json"
 FORMAT = 1
 _NLL = {"sequence": rag_sequence_nll, "token": rag_token_nll}
-__all__ = ["GeneratorConfig", "RagConfig", "RagModel", "RagModelError", "RetrievalBatch", "context_strings",
-           "default_generator", "load_generator"]
+__all__ = ["GeneratorConfig", "RagConfig", "RagModel", "RagModelError", "RetrievalBatch", "SearchResult",
+           "context_strings", "default_generator", "load_generator"]
 
 
 class RagConfig(BaseModel):
@@ -134,6 +147,36 @@ class RetrievalBatch:
     @property
     def n_docs(self) -> int:
         return self.doc_scores.shape[1]
+
+
+@dataclass
+class SearchResult:
+    """The search step's output (no gradients): what was found, its stored vectors and the generator inputs.
+
+    Everything a training forward needs besides the answers, so that the search
+    can run outside the DDP-wrapped forward (or on another machine: it is plain
+    tensors and strings).
+    """
+
+    questions: list[str]
+    passage_ids: list[list[str]]  # [b][n_docs], best first
+    titles: list[list[str]]  # [b][n_docs]
+    texts: list[list[str]]  # [b][n_docs]
+    doc_vectors: Tensor  # float32 [b, n_docs, dim]: the stored passage embeddings (constants)
+    index_scores: Tensor  # float32 [b, n_docs]: what the index returned (for reports; not trained on)
+    context_input_ids: Tensor  # long [b * n_docs, L]; row i * n_docs + z = passage z of question i
+    context_attention_mask: Tensor  # long [b * n_docs, L]
+    index_version: str | None
+
+    @property
+    def n_docs(self) -> int:
+        return self.doc_vectors.shape[1]
+
+    def to(self, device: str | torch.device) -> SearchResult:
+        """The same result with its tensors on ``device``."""
+        return SearchResult(self.questions, self.passage_ids, self.titles, self.texts, self.doc_vectors.to(device),
+                            self.index_scores.to(device), self.context_input_ids.to(device),
+                            self.context_attention_mask.to(device), self.index_version)
 
 
 class RagModel(nn.Module):
@@ -188,20 +231,45 @@ class RagModel(nn.Module):
     # -- 1. retrieval ------------------------------------------------------------------
     def retrieve(self, questions: Sequence[str], n_docs: int | None = None) -> RetrievalBatch:
         """Encode, search the index, score the stored passage vectors, build the generator inputs."""
-        if isinstance(questions, str):
-            raise TypeError("questions must be a list of strings; wrap a single question in a list")
-        n_docs = self.config.n_docs if n_docs is None else n_docs
-        questions = list(questions)
+        questions = _question_list(questions)
         q = self.question_encoder(questions)  # [b, dim]
-        found = self.retriever.retrieve(q.detach().cpu().numpy(), n_docs)
+        return self.score(self._find(questions, q.detach(), n_docs), q)
+
+    @torch.no_grad()
+    def search(self, questions: Sequence[str], n_docs: int | None = None) -> SearchResult:
+        """The top ``n_docs`` passages, their stored vectors and the generator inputs; nothing differentiable.
+
+        The question tower runs in eval mode (no dropout) and its mode is restored after; use
+        :meth:`forward` (or :meth:`score`) on the result to get ``doc_scores`` with gradients.
+        """
+        questions = _question_list(questions)
+        was_training = self.question_encoder.training
+        self.question_encoder.eval()
+        try:
+            q = self.question_encoder(questions)  # [b, dim]
+        finally:
+            self.question_encoder.train(was_training)
+        return self._find(questions, q, n_docs)
+
+    def _find(self, questions: list[str], q: Tensor, n_docs: int | None) -> SearchResult:
+        n_docs = self.config.n_docs if n_docs is None else n_docs
+        found = self.retriever.retrieve(q.cpu().numpy(), n_docs)
         doc_vectors = torch.from_numpy(found.doc_vectors).to(q.device)  # [b, n_docs, dim], frozen
         if doc_vectors.shape[2] != q.shape[1]:
             raise RagModelError(f"index {self.index_version} stores {doc_vectors.shape[2]}-d passage vectors but "
                                 f"the question encoder gives {q.shape[1]}-d ones; use the index's encoder")
-        doc_scores = torch.bmm(q.unsqueeze(1), doc_vectors.transpose(1, 2)).squeeze(1)  # [b, 1, n] -> [b, n_docs]
         input_ids, mask = self.family.inputs(found.titles, found.texts, questions)  # [b * n_docs, L] each
-        return RetrievalBatch(questions, q, doc_scores, found.passage_ids, found.titles, found.texts,
-                              input_ids.to(q.device), mask.to(q.device), self.index_version)
+        return SearchResult(questions, found.passage_ids, found.titles, found.texts, doc_vectors,
+                            torch.from_numpy(found.index_scores).to(q.device), input_ids.to(q.device),
+                            mask.to(q.device), self.index_version)
+
+    def score(self, found: SearchResult, question_vectors: Tensor | None = None) -> RetrievalBatch:
+        """``doc_scores`` = <q, stored vector> with gradients in the question tower (q computed here when None)."""
+        q = self.question_encoder(found.questions) if question_vectors is None else question_vectors  # [b, dim]
+        doc_vectors = found.doc_vectors.to(device=q.device, dtype=q.dtype)  # [b, n_docs, dim]
+        doc_scores = torch.bmm(q.unsqueeze(1), doc_vectors.transpose(1, 2)).squeeze(1)  # [b, 1, n] -> [b, n_docs]
+        return RetrievalBatch(found.questions, q, doc_scores, found.passage_ids, found.titles, found.texts,
+                              found.context_input_ids, found.context_attention_mask, found.index_version)
 
     def closed_book(self, questions: Sequence[str]) -> RetrievalBatch:
         """The generator alone (the paper's baseline): one "document" per question, the question without passage."""
@@ -220,8 +288,14 @@ class RagModel(nn.Module):
             raise TypeError("answers must be a list of strings; wrap a single answer in a list")
         return self.family.labels(answers).to(self.config.device)
 
-    def forward(self, batch: RetrievalBatch, answers: Sequence[str] | Tensor) -> Tensor:
-        """float ``[b]`` negative log marginal likelihood of each answer (``config.kind`` marginalisation)."""
+    def forward(self, batch: RetrievalBatch | SearchResult, answers: Sequence[str] | Tensor) -> Tensor:
+        """float ``[b]`` negative log marginal likelihood of each answer (``config.kind`` marginalisation).
+
+        Given a :class:`SearchResult`, the question vectors and ``doc_scores`` are computed here, so that
+        this one call uses every trainable parameter (what DistributedDataParallel wraps).
+        """
+        if isinstance(batch, SearchResult):
+            batch = self.score(batch)
         labels = answers if isinstance(answers, Tensor) else self.answer_labels(answers)  # [b, T]
         if labels.shape[0] != len(batch.questions):
             raise ValueError(f"{labels.shape[0]} answers for {len(batch.questions)} questions; give one per question")
@@ -232,13 +306,13 @@ class RagModel(nn.Module):
 
     # -- 3. generation -------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, questions: Sequence[str] | RetrievalBatch, *, n_docs: int | None = None, num_beams: int = 1,
+    def generate(self, questions: Sequence[str] | RetrievalBatch | SearchResult, *, n_docs: int | None = None, num_beams: int = 1,
                  max_length: int = 32, max_new_tokens: int | None = None,
                  mode: Literal["thorough", "fast"] = "thorough") -> list[str]:
         """One answer per question, by :mod:`rag_core.model.decoding` (in eval mode; the mode is restored after).
 
         ``questions`` may be a :class:`RetrievalBatch` already made (by :meth:`retrieve` or
-        :meth:`closed_book`). RAG-Token: greedy (``num_beams=1``) or beam search over the marginal;
+        :meth:`closed_book`), or a :class:`SearchResult` (by :meth:`search`). RAG-Token: greedy (``num_beams=1``) or beam search over the marginal;
         RAG-Sequence: a beam search per document, candidates ranked by p(y|x), ``mode`` "thorough" or
         "fast". ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
         start token).
@@ -248,7 +322,12 @@ class RagModel(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            batch = questions if isinstance(questions, RetrievalBatch) else self.retrieve(questions, n_docs)
+            if isinstance(questions, SearchResult):
+                batch = self.score(questions)
+            elif isinstance(questions, RetrievalBatch):
+                batch = questions
+            else:
+                batch = self.retrieve(questions, n_docs)
             settings: dict[str, Any] = {"num_beams": num_beams, "max_length": max_length}
             if max_new_tokens is not None:
                 settings["max_new_tokens"] = max_new_tokens
@@ -305,6 +384,12 @@ class RagModel(nn.Module):
                     trained_index_version=record["index_version"])
         model._log_binding(str(path))
         return model
+
+
+def _question_list(questions: Sequence[str]) -> list[str]:
+    if isinstance(questions, str):
+        raise TypeError("questions must be a list of strings; wrap a single question in a list")
+    return list(questions)
 
 
 def _read_record(path: Path) -> dict[str, Any]:

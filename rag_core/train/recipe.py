@@ -1,0 +1,493 @@
+"""The fine-tuning recipe: setup, train, save, cleanup; one process, or many under torchrun (DDP).
+
+    result = run(TrainConfig(task="nq", train="nq-train.jsonl", dev="nq-dev.jsonl"), store)
+
+``run`` is the whole recipe; :class:`Recipe` exposes its four steps. The caller (``tasks/train_job.py``
+under torchrun, a test, a notebook) passes what this module must not read itself: the store (with its
+credentials), the run logger (MLflow's lives outside rag_core; ranks other than 0 get a
+:class:`~rag_core.train.tracking.NullLogger`) and :class:`Distributed`, torchrun's rank and world
+size (``Distributed.from_environ(os.environ)``). With a world size above 1 the recipe joins the
+process group (``env://``: torch reads torchrun's MASTER_ADDR/PORT; gloo on CPU, nccl on GPU).
+
+One optimizer step (the DDP-correct split, ``rag_core.model.rag_model``):
+
+1. ``search`` (no gradients, outside DDP): each rank asks the retriever for its micro-batch's
+   passages, their stored vectors and the generator inputs;
+2. ``DDP(RagModel)(search_result, labels)``: question encoder, ``doc_scores`` = q·v, generator
+   and the RAG-Sequence/Token NLL in one forward, so every trained parameter is used inside
+   the wrapped forward; backward all-reduces the gradients (the last micro-step only);
+3. clip, optimizer step, schedule step. The index and its vectors never change.
+
+``batch_size`` is the global batch: each of W ranks runs ``grad_accum`` micro-batches of
+``batch_size / (W * grad_accum)`` examples, and the loss is sum(NLL) * W / batch_size per
+micro-batch, so after DDP's average the gradient is the mean over the global batch: the same
+config gives the same parameters with any number of processes or accumulation steps (tested,
+to float rounding; with dropout > 0 the masks differ, so set ``dropout=0`` to compare).
+Example k of the training stream is position k % N of epoch k // N's seeded permutation; step s
+reads positions [s * batch_size, (s + 1) * batch_size), rank r every W-th of each micro-batch
+(DistributedSampler's split). The data position is therefore the step alone.
+
+Checkpoints (:mod:`rag_core.train.checkpoints`) every ``checkpoint_every`` steps and at the end;
+a rerun with the same config resumes from the newest complete one and, with the same number of
+processes, reaches the same parameters bit for bit (each rank's generator states are saved).
+Parameters the loss cannot reach (e.g. a BERT pooler under mean pooling) are found by one probe
+step at setup (RNG forked) and frozen, so DDP needs no ``find_unused_parameters``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import distributed as dist
+from torch import nn
+
+from rag_core.errors import WikiragError
+from rag_core.index.encoders import EncoderConfig
+from rag_core.storage import Store, is_local
+from rag_core.train import checkpoints as ckpt
+from rag_core.train.examples import Example
+from rag_core.train.tracking import NullLogger, RunLogger
+
+log = logging.getLogger(__name__)
+
+# Fields that may change between a run and its resumption: they do not change the trajectory.
+RUN_CONTROL = frozenset({"max_steps", "eval_every", "max_dev_examples", "checkpoint_every", "keep_checkpoints",
+                         "log_every", "threads", "device"})
+_DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout")
+
+
+class TrainConfigError(WikiragError):
+    """A training config that cannot run as given (the message names the field and the fix)."""
+
+
+class TrainConfig(BaseModel):
+    """One fine-tuning run; also the ``finetune`` flow's parameter. Defaults follow the RAG paper where it says."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: str = Field(description="task kind (rag_core.train.loaders.TASK_KINDS): nq, triviaqa, ..., cloze")
+    train: str = Field(description="training examples: a path or URL in the task kind's format")
+    dev: str | None = Field(None, description="dev examples (same format) for the dev loss; None = none")
+    kind: Literal["sequence", "token"] = Field("sequence", description="RAG-Sequence or RAG-Token marginalisation")
+    generator: str | None = Field(None, description="generator folder (seq2seq or decoder-only); None = the small "
+                                                    "default BART; real runs: flows.models.default_generator_dir")
+    index_version: str | None = Field(None, description="index version on the store; None = LATEST (resolved at "
+                                                        "setup and recorded in the model)")
+    question_encoder: EncoderConfig | None = Field(None, description="initial question tower; None = the encoder "
+                                                                     "recorded in the index manifest")
+    n_docs: int = Field(5, ge=1, description="passages per question (the paper: 5 or 10)")
+    max_context_length: int = Field(300, ge=8, description="seq2seq generator input tokens per passage")
+    max_answer_length: int = Field(64, ge=2, description="target tokens per answer")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="epsilon of the paper's label smoothing")
+    dropout: float | None = Field(None, ge=0.0, lt=1.0, description="every dropout probability in both towers; "
+                                                                     "None = the models' own")
+    optimizer: Literal["adam", "adamw"] = Field("adam", description="the paper: Adam")
+    lr: float = Field(3e-5, gt=0.0, description="peak learning rate (the paper: about 3e-5)")
+    weight_decay: float = Field(0.0, ge=0.0, description="L2 (adam) or decoupled (adamw) weight decay")
+    adam_eps: float = Field(1e-8, gt=0.0, description="Adam's epsilon")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 over this many steps")
+    schedule: Literal["constant", "linear", "cosine"] = Field("linear", description="after warm-up: decay to 0 "
+                                                                                    "at max_steps, or constant")
+    grad_clip: float | None = Field(None, gt=0.0, description="clip the global gradient norm; None = no clipping")
+    batch_size: int = Field(8, ge=1, description="examples per optimizer step over all ranks and micro-steps "
+                                                 "(results do not depend on the process count)")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step on each rank")
+    max_steps: int = Field(100, ge=0, description="optimizer steps in all (a resumed run counts those done)")
+    eval_every: int = Field(0, ge=0, description="dev loss every N steps; 0 = at the start and the end only")
+    max_dev_examples: int = Field(256, ge=1, description="dev loss over at most the first N dev examples")
+    checkpoint_every: int = Field(50, ge=0, description="checkpoint every N steps (and at the end); 0 = at the "
+                                                        "end only")
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on the store")
+    log_every: int = Field(1, ge=1, description="log loss, learning rate and examples/s every N steps")
+    seed: int = Field(0, description="data order, dropout and every generator's seed")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="autocast dtype (weights stay float32); auto = bf16 only where "
+                            "rag_core.hardware.choose_precision finds it native")
+    device: str = Field("auto", description="auto = cuda:LOCAL_RANK where CUDA is available, else cpu")
+    threads: int | None = Field(None, ge=1, description="torch threads per process; None = as set (torchrun: 1)")
+    output: str = Field("runs/default", description="folder on the store: checkpoints/, model/, result.json")
+
+
+class TrainResult(BaseModel):
+    """What a run returns, and writes as ``<output>/result.json`` (the ``--result`` file of tasks/train_job.py)."""
+
+    final_step: int  # optimizer steps done
+    world_size: int  # processes the (last) run had
+    resumed_from: int | None  # the checkpoint step this run started from; None = a fresh start
+    losses: list[float]  # mean training loss of every step, step 1 first (resumed runs included)
+    final_loss: float | None  # mean of the last min(10, steps) losses
+    dev_losses: list[tuple[int, float]]  # (step, mean dev NLL per example), step 0 = before training
+    examples_per_s: float | None  # median training examples/s of this run's steps (after its first)
+    model_url: str  # the saved RagModel (save_pretrained layout + manifest.json): checkpoints.load_model
+    output_url: str  # <store>/<output>
+    index_version: str | None
+    precision: str  # float32 or bfloat16 autocast
+    device: str
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a torchrun job: rank, world size and rank on its machine."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Distributed:
+        """torchrun's RANK, WORLD_SIZE and LOCAL_RANK from ``environ`` (the caller's ``os.environ``); one process
+        without them."""
+        return cls(int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1)), int(environ.get("LOCAL_RANK", 0)))
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """The schedule: the learning rate of optimizer step ``step`` (0-based) over ``config.lr``."""
+    if step < config.warmup_steps:
+        return step / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    if config.schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def set_dropout(module: nn.Module, p: float) -> None:
+    """Every dropout probability of ``module``: nn.Dropout layers and transformers' float attributes."""
+    for sub in module.modules():
+        if isinstance(sub, nn.Dropout):
+            sub.p = p
+        for name in _DROPOUT_ATTRIBUTES:
+            if isinstance(getattr(sub, name, None), float):
+                setattr(sub, name, p)
+
+
+def micro_positions(step: int, micro: int, rank: int, world: int, config: TrainConfig) -> list[int]:
+    """Positions in the training stream of rank ``rank``'s micro-batch ``micro`` of step ``step``."""
+    size = config.batch_size // (world * config.grad_accum)
+    start = step * config.batch_size + micro * world * size
+    return [start + rank + world * j for j in range(size)]
+
+
+class Recipe:
+    """setup -> train -> save -> cleanup (see the module docstring); :func:`run` calls them in order."""
+
+    def __init__(self, config: TrainConfig, store: Store, *, logger: RunLogger | None = None,
+                 distributed: Distributed | None = None, retriever: Any = None,
+                 data_options: Mapping[str, Any] | None = None) -> None:
+        self.config, self.store = config, store
+        self.dist = distributed or Distributed()
+        self.logger: RunLogger = (logger or NullLogger()) if self.dist.rank == 0 else NullLogger()
+        self.retriever = retriever  # IndexRetriever.load(store, index_version) when None (module docstring)
+        self.data_options = dict(data_options or {})
+        self.output = store.child(config.output)
+        self._owns_group = False
+        self._threads = torch.get_num_threads()
+        self._orders: dict[int, np.ndarray] = {}
+        self.losses: list[float] = []
+        self.dev_losses: list[tuple[int, float]] = []
+        self.rates: list[float] = []
+        self.resumed_from: int | None = None
+        self.step = 0
+
+    # -- setup --------------------------------------------------------------------------
+    def setup(self) -> None:
+        from rag_core.hardware import choose_precision
+        from rag_core.train.loaders import load_task
+
+        c, d = self.config, self.dist
+        per_rank = c.batch_size / (d.world_size * c.grad_accum)
+        if per_rank != int(per_rank):
+            raise TrainConfigError(f"batch_size {c.batch_size} is not a multiple of {d.world_size} processes x "
+                                   f"grad_accum {c.grad_accum}; choose a batch_size divisible by their product")
+        if c.threads:
+            torch.set_num_threads(c.threads)
+        self.device = torch.device(c.device if c.device != "auto" else
+                                   f"cuda:{d.local_rank}" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if d.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=d.rank,
+                                    world_size=d.world_size)
+            self._owns_group = True
+        self.precision = choose_precision(c.precision, str(self.device)).dtype
+        self.train_examples = load_task(c.task, c.train, self._options(c.train))
+        self.dev_examples = load_task(c.task, c.dev, self._options(c.dev))[: c.max_dev_examples] if c.dev else []
+        if d.rank == 0:
+            for name in ckpt.remove_incomplete(self.output.child("checkpoints")):
+                log.info("removed %s: a checkpoint killed while being written", name)
+        latest = ckpt.latest_checkpoint(self.output.child("checkpoints"))
+        found = None if latest is None else ckpt.read_checkpoint(self.output.child("checkpoints"), latest)
+        # a resumed run retrieves from the version it started with, wherever LATEST points now
+        self.model = self._build_model(c.index_version or (found.state.index_version if found else None))
+        self.trainable = self._freeze_unreached()
+        opt = torch.optim.AdamW if c.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = opt([p for _, p in self.trainable], lr=c.lr, eps=c.adam_eps, weight_decay=c.weight_decay,
+                             fused=self.device.type in ("cpu", "cuda"))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, c))
+        self._seed(c.seed * 1_000_003 + d.rank)
+        if found is not None:
+            self._resume(found)
+        self.model.train()
+        self.ddp: nn.Module = self.model
+        if d.world_size > 1:
+            self.ddp = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                forward_sync_buffers=False, gradient_as_bucket_view=True)  # buffers never change here
+        frozen = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
+        self.logger.log_params({**c.model_dump(mode="json"), "world_size": d.world_size, "precision": self.precision,
+                                "device": str(self.device), "resolved_index_version": self.model.index_version,
+                                "n_train": len(self.train_examples), "n_dev": len(self.dev_examples),
+                                "trainable_parameters": sum(p.numel() for _, p in self.trainable),
+                                "frozen_parameters": frozen})
+        self.logger.set_tags({"wikirag.task": c.task, "wikirag.index_version": str(self.model.index_version),
+                              "wikirag.resumed_from": str(self.resumed_from)})
+
+    def _options(self, url: str) -> dict[str, Any]:
+        return {} if is_local(url) else self.data_options  # S3 options would confuse the local filesystem
+
+    def _build_model(self, index_version: str | None) -> Any:
+        from rag_core.index.manifest import IndexManifest
+        from rag_core.model.generators import GeneratorConfig
+        from rag_core.model.rag_model import RagConfig, RagModel
+        from rag_core.model.retriever import IndexRetriever
+
+        c = self.config
+        if self.retriever is None:
+            self.retriever = IndexRetriever.load(self.store, index_version)
+        encoder = c.question_encoder or EncoderConfig(
+            **(IndexManifest.model_validate(self.retriever.manifest).encoder_config or {}))
+        rag = RagConfig(kind=c.kind, n_docs=c.n_docs, max_context_length=c.max_context_length,
+                        max_answer_length=c.max_answer_length, label_smoothing=c.label_smoothing,
+                        question_encoder=encoder, generator=GeneratorConfig(path=c.generator, dtype="float32"),
+                        device=str(self.device))
+        model = RagModel.create(rag, self.retriever)
+        if c.dropout is not None:
+            set_dropout(model, c.dropout)
+        return model
+
+    def _freeze_unreached(self) -> list[tuple[str, nn.Parameter]]:
+        """One probe step (first training example, RNG forked): parameters left without a gradient are frozen."""
+        probe = self.train_examples[:1]
+        self.model.train()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            self._loss(self.model, probe, 1.0).backward()
+        unreached = [name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None]
+        for name, p in self.model.named_parameters():
+            p.grad = None
+            if name in unreached:
+                p.requires_grad_(False)
+        if unreached:
+            log.info("not trained (the loss does not reach them): %s", ", ".join(unreached))
+        return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+
+    def _seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def _resume(self, found: ckpt.Checkpoint) -> None:
+        step = found.state.step
+        saved = {k: v for k, v in found.state.config.items() if k not in RUN_CONTROL}
+        ours = {k: v for k, v in self.config.model_dump(mode="json").items() if k not in RUN_CONTROL}
+        if saved != ours:
+            changed = sorted(k for k in ours if saved.get(k) != ours[k])
+            raise TrainConfigError(f"{found.url}: this run's config differs from the checkpoint's in {changed}; "
+                                   "resume with the same config, or give a new output folder")
+        names = [name for name, _ in self.trainable]
+        if found.state.param_names != names:
+            raise TrainConfigError(f"{found.url}: the checkpoint trains other parameters than this model; resume "
+                                   "with the generator and encoder it was made with")
+        ckpt.load_parameters(self.model, found.parameters, found.url)
+        ckpt.load_optimizer(self.optimizer, found.optimizer, found.state.param_groups)
+        self.scheduler.load_state_dict(found.state.scheduler)
+        if found.state.world_size == self.dist.world_size:
+            rank = self.dist.rank
+            ckpt.set_rng_state(self.device, found.rng[rank], found.state.python_rng[rank],
+                               found.state.numpy_rng[rank])
+        else:
+            log.warning("%s was written by %d processes, this run has %d: dropout masks are reseeded (the data "
+                        "order is not affected)", found.url, found.state.world_size, self.dist.world_size)
+            self._seed((self.config.seed * 1_000_003 + step) * 1_000_003 + self.dist.rank)
+        self.step = self.resumed_from = step
+        self.losses = list(found.state.losses)
+        self.dev_losses = [(int(s), float(v)) for s, v in found.state.dev_losses]
+        log.info("resuming from %s (step %d)", found.url, step)
+
+    # -- train ---------------------------------------------------------------------------
+    def train(self) -> None:
+        c = self.config
+        if self.step == 0 and self.dev_examples:
+            self._evaluate()
+        while self.step < c.max_steps:
+            started = time.perf_counter()
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.zero_grad(set_to_none=True)
+            total = torch.zeros((), dtype=torch.float64, device=self.device)
+            scale = self.dist.world_size / c.batch_size
+            for micro in range(c.grad_accum):
+                examples = [self._example(k) for k in
+                            micro_positions(self.step, micro, self.dist.rank, self.dist.world_size, c)]
+                sync = micro == c.grad_accum - 1 or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
+                with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                    loss = self._loss(self.ddp, examples, scale)
+                    loss.backward()
+                total += loss.detach().double() / scale
+            if c.grad_clip:
+                nn.utils.clip_grad_norm_([p for _, p in self.trainable], c.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+            self.losses.append(self._global_sum(total) / c.batch_size)
+            seconds = time.perf_counter() - started
+            if self.step > (self.resumed_from or 0) + 1:  # the first step of a process warms up its kernels
+                self.rates.append(c.batch_size / seconds)
+            if self.step % c.log_every == 0 or self.step == c.max_steps:
+                self.logger.log_metrics({"loss": self.losses[-1], "lr": lr, "examples_per_s": c.batch_size / seconds},
+                                        step=self.step)
+            if self.dev_examples and c.eval_every and self.step % c.eval_every == 0 and self.step < c.max_steps:
+                self._evaluate()
+            if (c.checkpoint_every and self.step % c.checkpoint_every == 0) or self.step == c.max_steps:
+                if self.step == c.max_steps and self.dev_examples:
+                    self._evaluate()  # the final dev loss goes into the last checkpoint's history
+                self._checkpoint()
+
+    def _example(self, position: int) -> Example:
+        n = len(self.train_examples)
+        epoch, index = divmod(position, n)
+        if epoch not in self._orders:
+            self._orders = {epoch: np.random.default_rng([self.config.seed, epoch]).permutation(n)}
+        return self.train_examples[int(self._orders[epoch][index])]
+
+    def _loss(self, forward: nn.Module, examples: Sequence[Example], scale: float) -> torch.Tensor:
+        """sum(NLL) * scale of ``examples`` (their first targets), searched outside ``forward``."""
+        found = self.model.search([e.input for e in examples])  # no gradients: FAISS and stored vectors
+        labels = self.model.answer_labels([e.targets[0] for e in examples])
+        with self._autocast():
+            return forward(found, labels).float().sum() * scale
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision != "bfloat16":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def _global_sum(self, value: torch.Tensor) -> float:
+        if self.dist.world_size > 1:
+            value = value.clone()
+            dist.all_reduce(value)
+        return float(value)
+
+    @torch.no_grad()
+    def _evaluate(self) -> None:
+        """Mean dev NLL per example; the dev set is split over the ranks, the model stays unwrapped."""
+        self.model.eval()
+        mine = self.dev_examples[self.dist.rank::self.dist.world_size]
+        size = max(1, self.config.batch_size // (self.dist.world_size * self.config.grad_accum))
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for start in range(0, len(mine), size):
+            total += self._loss(self.model, mine[start: start + size], 1.0).double()
+        self.model.train()
+        value = self._global_sum(total) / len(self.dev_examples)
+        self.dev_losses.append((self.step, value))
+        self.logger.log_metrics({"dev_loss": value}, step=self.step)
+
+    def _checkpoint(self) -> None:
+        tensors, python, numpy_state = ckpt.rng_state(self.device)
+        every = [(tensors, python, numpy_state)]
+        if self.dist.world_size > 1:
+            every = [None] * self.dist.world_size
+            dist.all_gather_object(every, ({k: v.cpu() for k, v in tensors.items()}, python, numpy_state))
+        if self.dist.rank == 0:
+            started = time.perf_counter()
+            state = ckpt.State(
+                step=self.step, examples_seen=self.step * self.config.batch_size, world_size=self.dist.world_size,
+                config=self.config.model_dump(mode="json"), scheduler=self.scheduler.state_dict(), param_groups=[],
+                param_names=[name for name, _ in self.trainable], python_rng=[e[1] for e in every],
+                numpy_rng=[e[2] for e in every], losses=self.losses, dev_losses=[list(x) for x in self.dev_losses],
+                index_version=self.model.index_version)
+            url = ckpt.write_checkpoint(self.output.child("checkpoints"), state, self.model, self.optimizer,
+                                        [e[0] for e in every], keep=self.config.keep_checkpoints)
+            self.logger.log_metrics({"checkpoint_seconds": time.perf_counter() - started}, step=self.step)
+            log.info("checkpoint %s", url)
+        if self.dist.world_size > 1:
+            dist.barrier()  # no rank runs ahead of a checkpoint that may be its restart point
+
+    # -- save ----------------------------------------------------------------------------
+    def save(self) -> TrainResult:
+        """The final model and result.json (rank 0 writes; every rank returns the result)."""
+        model_store = self.output.child("model")
+        tail = self.losses[-10:]
+        result = TrainResult(
+            final_step=self.step, world_size=self.dist.world_size, resumed_from=self.resumed_from,
+            losses=self.losses, final_loss=sum(tail) / len(tail) if tail else None, dev_losses=self.dev_losses,
+            examples_per_s=statistics.median(self.rates) if self.rates else None, model_url=model_store.url,
+            output_url=self.output.url, index_version=self.model.index_version, precision=self.precision,
+            device=str(self.device))
+        if self.dist.rank == 0:
+            ckpt.save_model(self.model, model_store)
+            self.output.write_json(result.model_dump(mode="json"), "result.json")
+            metrics = {"final_loss": result.final_loss} if result.final_loss is not None else {}
+            if self.dev_losses:
+                metrics["final_dev_loss"] = self.dev_losses[-1][1]
+            self.logger.log_metrics(metrics, step=self.step)
+            self._plot()
+        if self.dist.world_size > 1:
+            dist.barrier()
+        return result
+
+    def _plot(self) -> None:
+        """loss_curve.png: training loss per step and dev loss per evaluation, logged as an artifact."""
+        from matplotlib.figure import Figure  # no pyplot: no global backend state
+
+        if not self.losses:
+            return
+        figure = Figure(figsize=(6, 3.5), dpi=100)
+        axes = figure.add_subplot()
+        axes.plot(range(1, len(self.losses) + 1), self.losses, label="train loss (batch mean)", linewidth=1)
+        if self.dev_losses:
+            axes.plot(*zip(*self.dev_losses), marker="o", label="dev loss")
+        axes.set_xlabel("optimizer step")
+        axes.set_ylabel("NLL per example")
+        axes.set_title(f"{self.config.task}: RAG-{self.config.kind.title()}, {self.dist.world_size} process(es)")
+        axes.legend()
+        figure.tight_layout()
+        with tempfile.TemporaryDirectory(prefix="wikirag-plot-") as tmp:
+            path = Path(tmp) / "loss_curve.png"
+            figure.savefig(path)
+            self.logger.log_artifact(path, "plots")
+
+    # -- cleanup -------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+        torch.set_num_threads(self._threads)
+
+
+def run(config: TrainConfig, store: Store, *, logger: RunLogger | None = None, distributed: Distributed | None = None,
+        retriever: Any = None, data_options: Mapping[str, Any] | None = None) -> TrainResult:
+    """The whole recipe (module docstring). ``retriever``: an IndexRetriever-like object (default: the index version
+    loaded in this process); ``data_options``: fsspec options for task files at remote URLs (S3 credentials)."""
+    recipe = Recipe(config, store, logger=logger, distributed=distributed, retriever=retriever,
+                    data_options=data_options)
+    try:
+        recipe.setup()
+        recipe.train()
+        return recipe.save()
+    finally:
+        recipe.cleanup()
+

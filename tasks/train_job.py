@@ -1,0 +1,237 @@
+"""The torchrun entry point of the fine-tuning recipe, and the function that launches it.
+
+    torchrun --standalone --nproc-per-node 2 -m tasks.train_job --config CONFIG.json \\
+        [--store URL] [--tracking-uri URI (--run-id ID | --experiment NAME)] [--result FILE]
+
+Each process reads the config (a :class:`rag_core.train.recipe.TrainConfig` as JSON), its rank
+from torchrun's environment, and the store and its credentials from the environment through
+:class:`flows.settings.Settings` (WIKIRAG_STORE, AWS_*): the edge that reads it. Rank 0 logs
+into MLflow: into the existing run ``--run-id`` (its creator owns it and ends it), or, given only
+``--experiment``, into a new run it ends itself; other ranks log nothing. Rank 0 writes
+``--result`` (the :class:`~rag_core.train.recipe.TrainResult` as JSON) when the run is done.
+
+:func:`launch_training` starts that command in its own process group from Python (the
+``finetune`` flow's task) and returns the result, or raises :class:`TrainingJobError` with the
+log's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_core.errors import WikiragError
+
+log = logging.getLogger("wikirag.train")
+ROOT = Path(__file__).resolve().parents[1]  # the checkout that holds tasks/ and rag_core/
+TAIL_LINES = 40
+
+
+class TrainingJobError(WikiragError):
+    """A torchrun training job that failed; the message carries its log's tail."""
+
+
+# ----------------------------------------------------------------------------- inside torchrun
+
+
+def _git_commit() -> str | None:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=False)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    return None
+
+
+@contextlib.contextmanager
+def _tracking(args: argparse.Namespace, rank: int) -> Iterator[Any]:
+    """Rank 0's MLflow logger (ending a run it created itself), else None."""
+    if rank != 0 or not args.tracking_uri:
+        yield None
+        return
+    from mlflow import MlflowClient
+
+    from tasks.tracking import MlflowRunLogger, check_reachable, tracked_run
+
+    if args.run_id:
+        check_reachable(args.tracking_uri)
+        yield MlflowRunLogger(MlflowClient(tracking_uri=args.tracking_uri), args.run_id)
+        return
+    if not args.experiment:
+        raise TrainingJobError("--tracking-uri needs --run-id (an existing run) or --experiment (a new run)")
+    with tracked_run(args.tracking_uri, args.experiment, run_name="finetune") as logger:
+        yield logger
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tasks.train_job", description="the fine-tuning recipe "
+                                     "(run it under torchrun; one process without)")
+    parser.add_argument("--config", required=True, help="TrainConfig as JSON (rag_core.train.recipe)")
+    parser.add_argument("--store", help="store URL (default: WIKIRAG_STORE, else <WIKIRAG_HOME>/store)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI; rank 0 logs there")
+    parser.add_argument("--run-id", help="an existing MLflow run to log into (the caller ends it)")
+    parser.add_argument("--experiment", help="without --run-id: the experiment of a new run")
+    parser.add_argument("--result", help="where rank 0 writes the TrainResult JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from flows.settings import Settings, quiet_environment
+
+    quiet_environment()
+    args = parse_args(argv)
+    from rag_core.train.recipe import Distributed, TrainConfig, run
+
+    distributed = Distributed.from_environ(os.environ)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {distributed.rank} %(levelname)s "
+                                                   "%(name)s: %(message)s")
+    try:
+        config = TrainConfig.model_validate_json(Path(args.config).read_text())
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        print(f"wikirag: error: {args.config}: not a readable TrainConfig ({exc}); fix the file", file=sys.stderr)
+        return 2
+    try:
+        settings = Settings()
+        store = settings.open_store(args.store)
+        with _tracking(args, distributed.rank) as logger:
+            commit = _git_commit()
+            if logger is not None and commit:
+                logger.set_tags({"wikirag.git_commit": commit})
+            result = run(config, store, logger=logger, distributed=distributed, data_options=settings.s3_options())
+        if distributed.rank == 0 and args.result:
+            Path(args.result).write_text(result.model_dump_json(indent=2))
+    except WikiragError as exc:
+        print(f"wikirag: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# ----------------------------------------------------------------------------- the launcher
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn``: on Linux, SIGTERM this child when the thread that started it dies (even by SIGKILL)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def stop_group(pid: int, timeout: float = 30.0) -> None:
+    """SIGTERM the process group led by ``pid`` (torchrun stops its workers), then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _sigterm_stops(pid: int):
+    """While the job runs, the caller's SIGTERM stops its process group first (main thread only: Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # PR_SET_PDEATHSIG still stops torchrun if this process dies
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        stop_group(pid)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def torchrun_command(config_file: Path, nproc: int, *, result_file: Path, store_url: str | None = None,
+                     tracking_uri: str | None = None, run_id: str | None = None,
+                     experiment: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "tasks.train_job", "--config", str(config_file), "--result", str(result_file)]
+    for flag, value in (("--store", store_url), ("--tracking-uri", tracking_uri), ("--run-id", run_id),
+                        ("--experiment", experiment)):
+        if value:
+            cmd += [flag, value]
+    return cmd
+
+
+def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None, run_id: str | None = None, *,
+                    experiment: str | None = None, store_url: str | None = None,
+                    env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
+    """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.train_job`` on ``config`` and return its result.
+
+    ``config``: a TrainConfig; ``env``: the job's whole environment (default: a copy of this process's),
+    which must hold what Settings reads (WIKIRAG_STORE, AWS_*) unless ``store_url`` says where the
+    store is; ``tracking_uri`` + ``run_id``: rank 0 logs into that existing run. The job runs in its own
+    process group, stopped when this process gets SIGTERM or dies; its output is logged here line by
+    line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
+    raises :class:`TrainingJobError` with the log's last lines.
+    """
+    from rag_core.train.recipe import TrainResult
+
+    if nproc < 1:
+        raise TrainingJobError(f"nproc must be at least 1, got {nproc}")
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)  # this checkout's code
+    with tempfile.TemporaryDirectory(prefix="wikirag-train-") as tmp:
+        config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.json"
+        config_file.write_text(config.model_dump_json(indent=2))
+        cmd = torchrun_command(config_file, nproc, result_file=result_file, store_url=store_url,
+                               tracking_uri=tracking_uri, run_id=run_id, experiment=experiment)
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        errors: list[str] = []  # the workers' one-line errors: torchrun's own report can push them out of the tail
+        proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True, preexec_fn=_die_with_parent)
+        log.info("training job started (pid %d, its own process group): %d process(es), output %s", proc.pid,
+                 nproc, config.output)
+        reader = threading.Thread(target=_relay, args=(proc.stdout, tail, errors), daemon=True)
+        reader.start()
+        try:
+            with _sigterm_stops(proc.pid):
+                code = proc.wait(timeout=timeout)
+        except BaseException:
+            stop_group(proc.pid)
+            raise
+        finally:
+            reader.join(timeout=10)
+        if code != 0 or not result_file.exists():
+            lines = "\n".join(tail)
+            reason = errors[-1].split("wikirag: error:", 1)[1].strip() if errors else f"exit status {code}"
+            raise TrainingJobError(f"training job for {config.output} failed: {reason}\n"
+                                   f"--- last {len(tail)} lines of its log ---\n{lines}")
+        return TrainResult.model_validate(json.loads(result_file.read_text()))
+
+
+def _relay(stream: Any, tail: collections.deque, errors: list[str]) -> None:
+    for line in stream:
+        line = line.rstrip("\n")
+        tail.append(line)
+        if "wikirag: error:" in line:
+            errors.append(line)
+        log.info("%s", line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

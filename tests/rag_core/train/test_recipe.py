@@ -1,0 +1,168 @@
+"""The fine-tuning recipe in one process: real tiny BERT, BART and Llama, a real FAISS index of real passages.
+
+The torchrun (gloo) tests are in test_recipe_ddp.py; they share the fixtures here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rag_core.model.generators import GeneratorConfig, default_generator
+from rag_core.storage import Store
+from rag_core.train.checkpoints import CheckpointError, latest_checkpoint, load_model, step_folder
+from rag_core.train.cloze import ClozeConfig, cloze_examples
+from rag_core.train.examples import write_examples
+from rag_core.train.recipe import Distributed, TrainConfig, TrainConfigError, lr_factor, micro_positions, run
+from rag_core.train.tracking import MemoryLogger
+from tests.encoderfiles import tiny_encoder
+from tests.generatorfiles import save_tiny_llama
+from tests.passagefiles import publish_small_index, sample_passages
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """A Flat index (tiny BERT) of 200 real passages, cloze train/dev files from them, a tiny BART and Llama."""
+    root = tmp_path_factory.mktemp("recipe")
+    store = Store(str(root / "store"))
+    passages = sample_passages().slice(0, 200)
+    version = publish_small_index(store, "d1", passages, tiny_encoder(root / "bert"), shards=2)
+    task = cloze_examples(passages, ClozeConfig(seed=0, dev_fraction=0.2))
+    write_examples(task.train, str(root / "train.jsonl"))
+    write_examples(task.dev, str(root / "dev.jsonl"))
+    bart, tokenizer = default_generator(GeneratorConfig(d_model=32, layers=1, heads=2, ffn_dim=64), 512)
+    bart.save_pretrained(root / "bart")
+    tokenizer.save_pretrained(root / "bart")
+    return SimpleNamespace(root=root, store=store, version=version, train=str(root / "train.jsonl"),
+                           dev=str(root / "dev.jsonl"), bart=str(root / "bart"), n_train=len(task.train),
+                           llama=str(save_tiny_llama(root / "llama")))
+
+
+def make_config(tiny: SimpleNamespace, output: str, **fields) -> TrainConfig:
+    """Small and exact: float32, no dropout (unless asked), one thread, 2 documents, 64 context tokens."""
+    base = {"task": "cloze", "train": tiny.train, "dev": tiny.dev, "generator": tiny.bart, "n_docs": 2,
+            "max_context_length": 64, "lr": 1e-3, "batch_size": 4, "max_steps": 2, "checkpoint_every": 0,
+            "precision": "float32", "max_dev_examples": 8, "dropout": 0.0, "threads": 1, "output": output}
+    return TrainConfig.model_validate({**base, **fields})
+
+
+def parameters(tiny: SimpleNamespace, output: str, step: int) -> dict[str, torch.Tensor]:
+    return load_file(tiny.root / "store" / output / "checkpoints" / step_folder(step) / "model.safetensors")
+
+
+def gradients(tiny: SimpleNamespace, output: str) -> dict[str, torch.Tensor]:
+    """The first step's gradients: Adam's first moment after one step is (1 - beta1) * gradient."""
+    state = load_file(tiny.root / "store" / output / "checkpoints" / step_folder(1) / "optimizer.safetensors")
+    return {k: v / 0.1 for k, v in state.items() if k.endswith(".exp_avg")}
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_schedule_warms_up_then_decays() -> None:
+    config = TrainConfig(task="nq", train="x", warmup_steps=4, max_steps=14)
+    assert [lr_factor(s, config) for s in (0, 2, 4, 9, 14)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    cosine = config.model_copy(update={"schedule": "cosine"})
+    assert lr_factor(9, cosine) == pytest.approx(0.5) and lr_factor(4, cosine) == 1.0
+    assert lr_factor(13, config.model_copy(update={"schedule": "constant"})) == 1.0
+
+
+@pytest.mark.parametrize(("world", "accum"), [(1, 1), (2, 1), (2, 3), (4, 2)])
+def test_every_example_of_a_global_batch_is_read_once(world: int, accum: int) -> None:
+    config = TrainConfig(task="nq", train="x", batch_size=24, grad_accum=accum)
+    for step in (0, 5):
+        read = sorted(k for micro in range(accum) for rank in range(world)
+                      for k in micro_positions(step, micro, rank, world, config))
+        assert read == list(range(step * 24, (step + 1) * 24))
+    assert Distributed.from_environ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == Distributed(1, 4, 1)
+    assert Distributed.from_environ({}) == Distributed(0, 1, 0)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_a_run_logs_checkpoints_saves_and_reloads(tiny: SimpleNamespace, tmp_path: Path) -> None:
+    logger = MemoryLogger()
+    config = make_config(tiny, "runs/logged", max_steps=4, checkpoint_every=2, keep_checkpoints=1, eval_every=2)
+    result = run(config, tiny.store, logger=logger)
+    assert result.final_step == 4 and len(result.losses) == 4 and result.resumed_from is None
+    assert [s for s, _ in result.dev_losses] == [0, 2, 4] and result.index_version == tiny.version
+    assert [s for s, _ in logger.metrics["loss"]] == [1, 2, 3, 4] and len(logger.metrics["lr"]) == 4
+    assert all(v > 0 for _, v in logger.metrics["examples_per_s"])
+    assert logger.params["n_docs"] == 2 and logger.params["world_size"] == 1
+    assert logger.params["resolved_index_version"] == tiny.version and logger.params["frozen_parameters"] > 0
+    assert [folder for _, folder in logger.artifacts] == ["plots"]
+    assert Path(logger.artifacts[0][0]).name == "loss_curve.png"
+
+    output = tiny.store.child("runs/logged")
+    assert output.list("checkpoints") == [step_folder(4)]  # keep_checkpoints=1: the older one went
+    assert json.loads(output.read_bytes("result.json"))["model_url"] == result.model_url
+    model = load_model(output.child("model"), _retriever(tiny), tmp_path / "model")
+    assert model.trained_index_version == tiny.version
+    saved = parameters(tiny, "runs/logged", 4)
+    assert all(torch.equal(p.detach(), saved[name]) for name, p in model.named_parameters())
+    assert len(model.generate(["Who was Achilles?"], max_new_tokens=3)) == 1
+
+
+def _retriever(tiny: SimpleNamespace):
+    from rag_core.model.retriever import IndexRetriever
+
+    return IndexRetriever.load(tiny.store, tiny.version)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tiny: SimpleNamespace) -> None:
+    run(make_config(tiny, "runs/accum1", batch_size=8, max_steps=1), tiny.store)
+    run(make_config(tiny, "runs/accum4", batch_size=8, grad_accum=4, max_steps=1), tiny.store)
+    assert max_difference(gradients(tiny, "runs/accum1"), gradients(tiny, "runs/accum4")) < 1e-6
+    # Adam's step is g / (|g| + eps): float rounding in gradients near eps moves a weight by up to ~1e-5 x lr
+    one, four = parameters(tiny, "runs/accum1", 1), parameters(tiny, "runs/accum4", 1)
+    assert max_difference(one, four) < 1e-2 * 1e-3
+    start = load_file(Path(tiny.bart) / "model.safetensors")  # where both runs started
+    moved = [float((one[f"generator.{k}"] - v).abs().max()) for k, v in start.items() if f"generator.{k}" in one]
+    assert len(moved) > 10 and max(moved) > 1e-4  # the steps changed the weights: the comparison above can fail
+    with pytest.raises(TrainConfigError, match="not a multiple of 1 processes x grad_accum 3"):
+        run(make_config(tiny, "runs/bad", batch_size=8, grad_accum=3), tiny.store)
+
+
+def test_resume_is_exact_and_ignores_half_written_checkpoints(tiny: SimpleNamespace) -> None:
+    """Dropout on: the generators' states must be restored too. (A real SIGKILL: test_recipe_ddp.py.)"""
+    same = {"checkpoint_every": 2, "dropout": 0.1, "schedule": "constant"}  # max_steps may change on resume
+    whole = run(make_config(tiny, "runs/whole", max_steps=6, **same), tiny.store)
+    run(make_config(tiny, "runs/cut", max_steps=3, **same), tiny.store)  # checkpoints at 2 and 3 (the end)
+    checkpoints = tiny.store.child("runs/cut/checkpoints")
+    checkpoints.remove(step_folder(3))  # as if it had been killed before 3: it resumes from 2
+    checkpoints.child(step_folder(4)).write_bytes(b"partial", "model.safetensors")  # killed while writing 4
+    assert latest_checkpoint(checkpoints) == 2
+    resumed = run(make_config(tiny, "runs/cut", max_steps=6, **same), tiny.store)
+    assert resumed.resumed_from == 2 and resumed.losses == whole.losses
+    assert max_difference(parameters(tiny, "runs/whole", 6), parameters(tiny, "runs/cut", 6)) == 0.0
+    assert max_difference(parameters(tiny, "runs/whole", 6), parameters(tiny, "runs/whole", 4)) > 1e-4
+
+    with pytest.raises(TrainConfigError, match=r"differs from the checkpoint's in \['lr'\]"):
+        run(make_config(tiny, "runs/cut", max_steps=8, lr=5e-4, **same), tiny.store)
+    damaged = checkpoints.child(step_folder(6))
+    damaged.write_bytes(damaged.read_bytes("optimizer.safetensors")[:-8], "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match="does not match its manifest"):
+        run(make_config(tiny, "runs/cut", max_steps=8, **same), tiny.store)
+
+
+@pytest.mark.parametrize("generator", ["bart", "llama"])
+def test_a_few_dozen_cloze_steps_lower_the_dev_loss(tiny: SimpleNamespace, generator: str) -> None:
+    config = make_config(tiny, f"runs/learn-{generator}", generator=getattr(tiny, generator), max_steps=30,
+                         batch_size=8, lr=3e-3, max_dev_examples=16, dropout=None, kind="token")
+    result = run(config, tiny.store)
+    (_, before), (_, after) = result.dev_losses[0], result.dev_losses[-1]
+    print(f"\n{generator}: dev loss {before:.2f} -> {after:.2f} after 30 steps; {result.examples_per_s:.1f} examples/s")
+    assert after < 0.9 * before

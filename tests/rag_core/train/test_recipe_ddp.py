@@ -1,0 +1,93 @@
+"""The recipe under real torchrun (gloo, 2 processes): same parameters as one process, exact resume after SIGKILL,
+and the launcher that the finetune flow uses, logging into a real MLflow store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+from mlflow import MlflowClient
+
+from rag_core.train.checkpoints import complete_steps
+from rag_core.train.recipe import run
+from tasks.tracking import open_run
+from tasks.train_job import TrainingJobError, launch_training
+from tests.rag_core.train.test_recipe import gradients, make_config, max_difference, parameters, tiny  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _torchrun(tiny: SimpleNamespace, configs: list, nproc: int = 2) -> subprocess.Popen:
+    spec = tiny.root / f"spec-{time.monotonic_ns()}.json"
+    spec.write_text(json.dumps({"store": tiny.store.url, "runs": [c.model_dump(mode="json") for c in configs]}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc-per-node={nproc}", "-m", "tests.rag_core.train.recipe_runner", str(spec)],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_two_processes_reach_the_parameters_of_one_and_resume_exactly_after_sigkill(tiny: SimpleNamespace) -> None:
+    same = {"batch_size": 8, "max_steps": 40, "checkpoint_every": 2, "schedule": "constant"}
+    one_step = {**same, "max_steps": 1}
+    _finish(_torchrun(tiny, [make_config(tiny, "runs/ddp-1", **one_step), make_config(tiny, "runs/ddp", **same)]))
+    run(make_config(tiny, "runs/single-1", **one_step), tiny.store)
+    assert max_difference(gradients(tiny, "runs/ddp-1"), gradients(tiny, "runs/single-1")) < 1e-6
+    # Adam's step is g / (|g| + eps): float rounding in gradients near eps moves a weight by up to ~1e-5 x lr
+    assert max_difference(parameters(tiny, "runs/ddp-1", 1), parameters(tiny, "runs/single-1", 1)) < 1e-2 * 1e-3
+    ddp = parameters(tiny, "runs/ddp", 40)
+    assert max_difference(ddp, parameters(tiny, "runs/ddp", 38)) > 1e-4  # the steps moved the weights
+
+    slow = make_config(tiny, "runs/killed", **same)
+    proc = _torchrun(tiny, [slow])
+    checkpoints = tiny.store.child("runs/killed/checkpoints")
+    deadline = time.monotonic() + 300
+    while not complete_steps(checkpoints) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in job:  # torchrun and its workers (torchrun starts each in a session of its own): a lost machine
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    done = complete_steps(checkpoints)
+    assert done and done[-1] < 40, f"the job was not stopped mid-run (checkpoints {done})"
+
+    _finish(_torchrun(tiny, [slow]))
+    result = json.loads(tiny.store.child("runs/killed").read_bytes("result.json"))
+    assert result["resumed_from"] == done[-1] and result["final_step"] == 40 and result["world_size"] == 2
+    assert max_difference(parameters(tiny, "runs/killed", 40), ddp) == 0.0  # bit for bit
+
+
+def test_launch_training_logs_rank_0_into_an_mlflow_run_and_explains_a_failure(tiny: SimpleNamespace,
+                                                                                tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = open_run(uri, "wikirag-cloze", "finetune")
+    config = make_config(tiny, "runs/launched", batch_size=4, max_steps=3)
+    result = launch_training(config, 2, uri, run_id, store_url=tiny.store.url)
+    assert result.world_size == 2 and result.final_step == 3 and len(result.losses) == 3
+
+    client = MlflowClient(tracking_uri=uri)
+    logged = client.get_run(run_id)
+    assert logged.info.status == "RUNNING"  # its creator (the flow) ends it
+    assert logged.data.params["world_size"] == "2" and logged.data.params["task"] == "cloze"
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2, 3]  # rank 0 only: once per step
+    assert {a.path for a in client.list_artifacts(run_id, "plots")} == {"plots/loss_curve.png"}
+
+    with pytest.raises(TrainingJobError, match="batch_size 3 is not a multiple of 2 processes"):
+        launch_training(make_config(tiny, "runs/bad", batch_size=3), 2, store_url=tiny.store.url)
