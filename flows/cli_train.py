@@ -7,6 +7,7 @@ import json
 import logging
 
 from flows.settings import Settings
+from rag_core.errors import WikiragError
 from rag_core.train.loaders import TASK_KINDS
 
 log = logging.getLogger("wikirag")
@@ -27,13 +28,68 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
+    """The flow's request for one task from the command line (the recipe keeps its defaults unless a flag is given)."""
+    from flows.models import resolve_generator
+
+    if args.task != "cloze" and not (args.train and args.dev):
+        raise WikiragError(f"--task {args.task} needs --train FILE and --dev FILE (only cloze draws its own questions "
+                           "from the index)")
+    recipe = {name: value for name, value in (("kind", args.kind), ("max_steps", args.max_steps),
+                                              ("batch_size", args.batch_size), ("lr", args.lr),
+                                              ("n_docs", args.n_docs)) if value is not None}
+    recipe["generator"] = str(resolve_generator(settings.home, args.generator))
+    return {"task": args.task, "train": args.train, "dev": args.dev, "recipe": recipe,
+            "eval_examples": args.eval_examples}
+
+
+def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
+    from flows.cli import quiet_expected_tracebacks
+    from flows.prefect_api import prefect_api
+
+    request = finetune_request(args, settings)
+    log.info("fine-tuning %s with %d process(es); MLflow at %s", args.task, args.nproc, settings.tracking_uri)
+    with prefect_api(settings.prefect_home):
+        from flows.finetune import finetune
+
+        quiet_expected_tracebacks()
+        outcomes = finetune([request], settings.store_access(), settings.tracking_uri, args.index, args.nproc,
+                            args.margin)
+    for outcome in outcomes:
+        print(outcome.model_dump_json())
+        log.info("try: wikirag ask --model models:/wikirag-%s@%s \"your question\"", outcome.task, outcome.alias)
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     kinds = sorted(TASK_KINDS)
+    tune = sub.add_parser("finetune", help="fine-tune the question encoder and generator on a task with torchrun "
+                          "DDP, evaluate, register wikirag-TASK in MLflow and gate its promotion")
+    tune.add_argument("--task", required=True, choices=kinds, help="task kind of the files (cloze: questions drawn "
+                      "from the index's own passages when --train is not given)")
+    tune.add_argument("--train", help="train file (path or URL) in the task's original format")
+    tune.add_argument("--dev", help="dev file (path or URL) in the task's original format")
+    tune.add_argument("--kind", choices=["sequence", "token"], help="RAG-Sequence (default) or RAG-Token")
+    tune.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: the "
+                      "one `wikirag models fetch` installs)")
+    tune.add_argument("--index", metavar="VERSION", help="index version to train against (default: LATEST)")
+    tune.add_argument("--nproc", type=int, default=2, help="DDP processes (torchrun --nproc-per-node; default 2)")
+    tune.add_argument("--max-steps", type=int, help="optimizer steps (default: the recipe's 100)")
+    tune.add_argument("--batch-size", type=int, help="global batch, all processes together (default 8)")
+    tune.add_argument("--lr", type=float, help="peak learning rate (default 3e-5, the paper's)")
+    tune.add_argument("--n-docs", type=int, help="passages per question (default 5)")
+    tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated (default 64)")
+    tune.add_argument("--margin", type=float, default=0.0, help="promotion gate: beat the champion's dev metric by "
+                      "this much (default 0)")
+    tune.add_argument("--store", help="store URL (default <home>/store)")
+    tune.set_defaults(func=cmd_finetune)
+
     evaluate = sub.add_parser("evaluate", help="a registered model on a task's dev set (any index version: the "
                               "knowledge hot-swap), recorded in MLflow")
     evaluate.add_argument("--model", required=True, help="model URI, e.g. models:/wikirag-nq@champion")
     evaluate.add_argument("--task", required=True, choices=kinds, help="the dev file's task kind")
-    evaluate.add_argument("--dev", required=True, help="dev file (path or URL) in the task's original format")
+    evaluate.add_argument("--dev", help="dev file (path or URL) in the task's original format (cloze: default the "
+                          "held-out questions of the passages the model was trained on)")
     evaluate.add_argument("--index", help="index version to retrieve from (default: the one the model is bound to)")
     evaluate.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval")
     evaluate.add_argument("--store", help="store URL (default <home>/store)")

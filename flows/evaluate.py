@@ -12,7 +12,9 @@ from prefect import flow, task
 
 from flows.settings import Settings, StoreAccess, quiet_environment
 from tasks.dataset_quality import gate_predictions
+from rag_core.train.cloze import ClozeConfig
 from tasks.evaluation import evaluate, load_examples, load_registered_model, record_evaluation
+from tasks.finetune import cloze_files
 from tasks.tracking import close_run, open_run
 
 quiet_environment()
@@ -38,11 +40,18 @@ def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
 
 
 @flow(name="evaluate", validate_parameters=True)
-def evaluate_registered(model_uri: str, task_kind: str, dev: str, tracking_uri: str, store: StoreAccess,
+def evaluate_registered(model_uri: str, task_kind: str, dev: str | None, tracking_uri: str, store: StoreAccess,
                         index_version: str | None = None, closed_book: bool = False) -> dict[str, float]:
-    """Evaluate ``model_uri`` on the ``task_kind`` dev file ``dev``; returns the metrics recorded."""
-    examples = load_examples(task_kind, dev, store.options(dev))
+    """Evaluate ``model_uri`` on the ``task_kind`` dev file ``dev``; returns the metrics recorded.
+
+    Without ``dev`` a cloze model is evaluated on the held-out questions of the passage set it was
+    trained on (the same questions whichever index version it reads now)."""
     model = load_model(model_uri, tracking_uri, index_version)
+    if dev is None:
+        if task_kind != "cloze":
+            raise ValueError(f"evaluate: task {task_kind} needs a dev file; only cloze draws its own questions")
+        _, dev = cloze_files(store.store(), model.trained_index_version, ClozeConfig())
+    examples = load_examples(task_kind, dev, store.options(dev))
     run_id = start_run(tracking_uri, task_kind, model_uri, model, closed_book)
     try:
         evaluation = evaluate(model, examples, closed_book=closed_book)
@@ -56,7 +65,7 @@ def evaluate_registered(model_uri: str, task_kind: str, dev: str, tracking_uri: 
 
 
 @flow(name="evaluate-deployment", validate_parameters=True)
-def deployed_evaluate(model_uri: str, task_kind: str, dev: str, index_version: str | None = None,
+def deployed_evaluate(model_uri: str, task_kind: str, dev: str | None = None, index_version: str | None = None,
                       closed_book: bool = False) -> dict[str, float]:
     """The deployment's entry point: the worker's settings (MLflow, store), read once."""
     settings = Settings()

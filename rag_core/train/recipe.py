@@ -165,6 +165,24 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+def initial_model(config: TrainConfig, retriever: Any, device: str = "cpu") -> Any:
+    """The RagModel a run starts from (its zero-shot baseline): the generator and question tower as loaded."""
+    from rag_core.index.manifest import IndexManifest
+    from rag_core.model.generators import GeneratorConfig
+    from rag_core.model.rag_model import RagConfig, RagModel
+
+    encoder = config.question_encoder or EncoderConfig(
+        **(IndexManifest.model_validate(retriever.manifest).encoder_config or {}))
+    rag = RagConfig(kind=config.kind, n_docs=config.n_docs, max_context_length=config.max_context_length,
+                    max_answer_length=config.max_answer_length, label_smoothing=config.label_smoothing,
+                    question_encoder=encoder, generator=GeneratorConfig(path=config.generator, dtype="float32"),
+                    device=device)
+    model = RagModel.create(rag, retriever)
+    if config.dropout is not None:
+        set_dropout(model, config.dropout)
+    return model
+
+
 def set_dropout(module: nn.Module, p: float) -> None:
     """Every dropout probability of ``module``: nn.Dropout layers and transformers' float attributes."""
     for sub in module.modules():
@@ -260,24 +278,11 @@ class Recipe:
         return {} if is_local(url) else self.data_options  # S3 options would confuse the local filesystem
 
     def _build_model(self, index_version: str | None) -> Any:
-        from rag_core.index.manifest import IndexManifest
-        from rag_core.model.generators import GeneratorConfig
-        from rag_core.model.rag_model import RagConfig, RagModel
         from rag_core.model.retriever import IndexRetriever
 
-        c = self.config
         if self.retriever is None:
             self.retriever = IndexRetriever.load(self.store, index_version)
-        encoder = c.question_encoder or EncoderConfig(
-            **(IndexManifest.model_validate(self.retriever.manifest).encoder_config or {}))
-        rag = RagConfig(kind=c.kind, n_docs=c.n_docs, max_context_length=c.max_context_length,
-                        max_answer_length=c.max_answer_length, label_smoothing=c.label_smoothing,
-                        question_encoder=encoder, generator=GeneratorConfig(path=c.generator, dtype="float32"),
-                        device=str(self.device))
-        model = RagModel.create(rag, self.retriever)
-        if c.dropout is not None:
-            set_dropout(model, c.dropout)
-        return model
+        return initial_model(self.config, self.retriever, str(self.device))
 
     def _freeze_unreached(self) -> list[tuple[str, nn.Parameter]]:
         """One probe step (first training example, RNG forked): parameters left without a gradient are frozen."""

@@ -1,0 +1,154 @@
+"""The ``finetune`` flow: tasks in, registered and gated ``wikirag-<task>`` models out.
+
+For each requested task (one child flow run each), on one index version:
+
+task files (or cloze questions drawn from the index's own passages) -> dataset gate (GX)
+-> an MLflow run in experiment ``wikirag-<task>`` -> the zero-shot start evaluated on dev
+-> the torchrun job (N DDP processes; rank 0 logs loss, dev loss and the loss curve into the run)
+-> the fine-tuned model evaluated on dev -> predictions gate (GX) -> logged as a pyfunc model,
+registered, its index version pinned, and promoted to ``champion`` only if it beats the
+current champion by ``margin`` (else ``challenger``).
+
+Everything comes in as parameters; ``deployed_finetune`` (the deployment's entry point) reads
+the worker's settings once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from pydantic import BaseModel, Field
+
+from flows.settings import Settings, StoreAccess, quiet_environment
+from rag_core.train.cloze import ClozeConfig
+from rag_core.train.recipe import TrainConfig
+from tasks.dataset_quality import gate_dataset, gate_predictions
+from tasks.evaluation import evaluate, load_examples, record_evaluation
+from tasks.finetune import cloze_files, remove_dir, resolve_index, scratch_dir, train, trained_model, zero_shot_model
+from tasks.registry import log_rag_model, register
+from tasks.tracking import close_run, open_run
+
+quiet_environment()
+
+
+class FinetuneRequest(BaseModel):
+    """One task to fine-tune on: its files, and any recipe setting (TrainConfig's fields) to change."""
+
+    task: str = Field(description="task kind: nq, triviaqa, webquestions, curatedtrec, msmarco, jeopardy, fever3, "
+                                  "fever2, kilt, cloze")
+    train: str | None = Field(None, description="train file (path or URL, the task's original format); None with "
+                                                "cloze: questions drawn from the index's own passages")
+    dev: str | None = Field(None, description="dev file; None with cloze: held-out articles' questions")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields, e.g. {\"max_steps\": 50, "
+                                                                     "\"kind\": \"token\", \"generator\": DIR}")
+    cloze: ClozeConfig = Field(default_factory=ClozeConfig, description="how cloze questions are drawn")
+    eval_examples: int = Field(64, ge=1, description="dev examples evaluated (the first N)")
+
+
+class FinetuneOutcome(BaseModel):
+    task: str
+    run_id: str
+    index_version: str
+    metric: str
+    zero_shot: float
+    fine_tuned: float
+    model_version: str
+    alias: str
+    reason: str
+    steps: int
+    examples_per_s: float | None
+
+
+@task
+def start_run(tracking_uri: str, config: TrainConfig, train_url: str, dev_url: str) -> str:
+    tags = {"wikirag.task": config.task, "wikirag.index_version": str(config.index_version),
+            "wikirag.train": train_url, "wikirag.dev": dev_url}
+    return open_run(tracking_uri, f"wikirag-{config.task}", f"finetune {config.task} on {config.index_version}", tags)
+
+
+@task
+def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
+    close_run(tracking_uri, run_id, failed=failed)
+
+
+@task
+def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAccess, task_kind: str, metric: str,
+                   value: float, margin: float) -> Any:
+    """Log the fine-tuned model as a pyfunc model of the run, register it, pin its index, gate its promotion."""
+    folder = scratch_dir("wikirag-register-")
+    try:
+        model.save_pretrained(folder)
+        uri = log_rag_model(tracking_uri, run_id, folder, store_url=store.url, index_version=model.index_version)
+        return register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
+                        store=store.store(), index_version=model.index_version)
+    finally:
+        remove_dir(folder)
+
+
+@flow(name="finetune-task", validate_parameters=True)
+def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: str, index_version: str,
+                  nproc: int = 2, margin: float = 0.0, output: str | None = None) -> FinetuneOutcome:
+    """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring)."""
+    log = get_run_logger()
+    target = store.store()
+    if request.train is None:
+        if request.task != "cloze":
+            raise ValueError(f"task {request.task} needs a train file; only cloze draws its own from the index")
+        train_url, dev_url = cloze_files(target, index_version, request.cloze)
+    else:
+        train_url, dev_url = request.train, request.dev
+    if dev_url is None:
+        raise ValueError(f"task {request.task}: give a dev file to evaluate on")
+    train_examples = load_examples(request.task, train_url, store.options(train_url))
+    dev_examples = load_examples(request.task, dev_url, store.options(dev_url))
+    gate_dataset(request.task, train_examples, dev_examples, target)
+    dev_examples = dev_examples[: request.eval_examples]
+
+    config = TrainConfig.model_validate({"output": output or f"runs/{request.task}/{index_version}",
+                                         **request.recipe, "task": request.task, "train": train_url,
+                                         "dev": dev_url, "index_version": index_version})
+    run_id = start_run(tracking_uri, config, train_url, dev_url)
+    model_dir = scratch_dir("wikirag-trained-")
+    try:
+        baseline = evaluate(zero_shot_model(config, target), dev_examples)
+        record_evaluation(tracking_uri, run_id, baseline, prefix="zero_shot")
+        result = train(config, nproc, target.url, tracking_uri, run_id)
+        model = trained_model(target, result, model_dir)
+        evaluation = evaluate(model, dev_examples)
+        gate_predictions(request.task, dev_examples, evaluation.predictions)
+        record_evaluation(tracking_uri, run_id, evaluation, prefix="dev", step=result.final_step)
+        metric, value = evaluation.headline
+        promotion = register_model(tracking_uri, run_id, model, store, request.task, metric, value, margin)
+    except BaseException:
+        finish_run(tracking_uri, run_id, failed=True)
+        raise
+    finally:
+        remove_dir(model_dir)
+    finish_run(tracking_uri, run_id)
+    _, before = baseline.headline
+    log.info("%s: %s %.4f zero-shot -> %.4f fine-tuned; %s v%s is %s (%s)", request.task, metric, before, value,
+             promotion.name, promotion.version, promotion.alias, promotion.reason)
+    return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, metric=metric,
+                           zero_shot=before, fine_tuned=value, model_version=promotion.version, alias=promotion.alias,
+                           reason=promotion.reason, steps=result.final_step, examples_per_s=result.examples_per_s)
+
+
+@flow(name="finetune", validate_parameters=True)
+def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: str, index_version: str | None = None,
+             nproc: int = 2, margin: float = 0.0) -> list[FinetuneOutcome]:
+    """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default)."""
+    if not requests:
+        raise ValueError("finetune: no tasks given")
+    if nproc < 1:
+        raise ValueError(f"finetune: nproc must be at least 1, got {nproc}")
+    version = resolve_index(store.store(), index_version)
+    return [finetune_task(r, store, tracking_uri, version, nproc, margin) for r in requests]
+
+
+@flow(name="finetune-deployment", validate_parameters=True)
+def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None = None, nproc: int = 2,
+                      margin: float = 0.0) -> list[FinetuneOutcome]:
+    """The deployment's entry point: the worker's settings (store, MLflow), read once."""
+    settings = Settings()
+    return finetune(requests, settings.store_access(), settings.tracking_uri, index_version, nproc, margin)
