@@ -52,11 +52,11 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to the current ``sys.stderr``: one bound at install time may be closed by then (an in-process call)."""
 
     @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    def stream(self):
         return sys.stderr
 
     @stream.setter
-    def stream(self, _value) -> None:  # noqa: ANN001
+    def stream(self, _value) -> None:
         pass
 
 
@@ -173,7 +173,6 @@ def cmd_index_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-SAMPLE_QUESTION = "Who was the teacher of Alexander the Great?"
 
 
 def _log_hardware() -> None:
@@ -185,17 +184,31 @@ def _log_hardware() -> None:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    """The main job on the embedded defaults: the real sample to a published index, then one search."""
+    """The main job on the embedded defaults: the real sample to a registered model answering questions."""
+    from flows.models import fetch_default_generator, resolve_generator
+    from flows.prefect_api import prefect_api, workspace_server
     from flows.sample import fetch_sample
-    from flows.search import answer_questions, print_results
 
     _log_hardware()
+    persistent = os.environ.get("PREFECT_API_URL") or workspace_server(settings.prefect_home)
     dump = fetch_sample(settings.home / "data")
-    version = run_index_rebuild(settings, (IngestConfig(dump=str(dump)), EmbedConfig(), IndexConfig(), GateConfig()))
-    results = answer_questions(settings.open_store(), [SAMPLE_QUESTION], SearchConfig(version=version, k=3))
-    print_results(results, as_json=False)
-    log.info("done: index %s of the Wikipedia sample is LATEST in %s; try `wikirag search \"your question\"`",
-             version, settings.store_url)
+    generator = resolve_generator(settings.home, args.generator) if args.generator else \
+        fetch_default_generator(settings.home)
+    where = {"store": settings.store_url,
+             "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
+             "Prefect UI": persistent.removesuffix("/api") if persistent else
+             "`wikirag server start` keeps a Prefect server (and its UI) for the next runs",
+             "ask the model": 'wikirag ask --model models:/wikirag-cloze@champion "your question"'}
+    with prefect_api(settings.prefect_home):
+        from flows.pipeline import ShortRun, pipeline
+
+        if not log.isEnabledFor(logging.DEBUG):
+            quiet_expected_tracebacks()
+        summary = pipeline(dump=str(dump), store=settings.store_access(), tracking_uri=settings.tracking_uri,
+                           generator=str(generator), report_dir=str(settings.home / "reports"),
+                           run=ShortRun(**given(args, max_steps="max_steps")), nproc=args.nproc,
+                           dask_address=settings.dask_address, workers=settings.workers, where=where)
+    print(summary.markdown)
     return 0
 
 
@@ -332,8 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--home", help=f"workspace directory (default $WIKIRAG_HOME or {default(Settings, 'home')})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="the main job on the embedded defaults (fetches the real sample dump)")
+    run = sub.add_parser("run", help="the main job on the embedded defaults: the real sample dump to an index, a "
+                         "fine-tuned and registered model, and its answers (fetches the sample and the generator)")
     add_engine(run)
+    run.add_argument("--max-steps", type=int, help="fine-tuning steps (default 24: minutes on 2 cores)")
+    run.add_argument("--nproc", type=int, default=2, help="DDP processes for fine-tuning (default 2)")
+    run.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: "
+                     "SmolLM2-135M-Instruct, fetched once by `wikirag models fetch`)")
     run.set_defaults(func=cmd_run)
     add_ingest(sub)
     add_index_rebuild(sub)

@@ -54,7 +54,7 @@ def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
 
         quiet_expected_tracebacks()
         outcomes = finetune([request], settings.store_access(), settings.tracking_uri, args.index, args.nproc,
-                            args.margin)
+                            args.margin, args.force)
     for outcome in outcomes:
         print(outcome.model_dump_json())
         log.info("try: wikirag ask --model models:/wikirag-%s@%s \"your question\"", outcome.task, outcome.alias)
@@ -81,6 +81,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated (default 64)")
     tune.add_argument("--margin", type=float, default=0.0, help="promotion gate: beat the champion's dev metric by "
                       "this much (default 0)")
+    tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "
+                      "from the same recipe, data and index (by default it is reused)")
     tune.add_argument("--store", help="store URL (default <home>/store)")
     tune.set_defaults(func=cmd_finetune)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from prefect import flow, task
 
 from flows.settings import Settings, StoreAccess, quiet_environment
-from tasks.dataset_quality import gate_predictions
 from rag_core.train.cloze import ClozeConfig
+from tasks.dataset_quality import gate_predictions
 from tasks.evaluation import evaluate, load_examples, load_registered_model, record_evaluation
 from tasks.finetune import cloze_files
 from tasks.tracking import close_run, open_run

@@ -15,8 +15,9 @@ the worker's settings once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from mlflow import MlflowClient
 from prefect import flow, get_run_logger, task
 from pydantic import BaseModel, Field
 
@@ -25,7 +26,18 @@ from rag_core.train.cloze import ClozeConfig
 from rag_core.train.recipe import TrainConfig
 from tasks.dataset_quality import gate_dataset, gate_predictions
 from tasks.evaluation import evaluate, load_examples, record_evaluation
-from tasks.finetune import cloze_files, remove_dir, resolve_index, scratch_dir, train, trained_model, zero_shot_model
+from tasks.finetune import (
+    FINGERPRINT_TAG,
+    cloze_files,
+    fingerprint,
+    registered_with,
+    remove_dir,
+    resolve_index,
+    scratch_dir,
+    train,
+    trained_model,
+    zero_shot_model,
+)
 from tasks.registry import log_rag_model, register
 from tasks.tracking import close_run, open_run
 
@@ -44,6 +56,11 @@ class FinetuneRequest(BaseModel):
                                                                      "\"kind\": \"token\", \"generator\": DIR}")
     cloze: ClozeConfig = Field(default_factory=ClozeConfig, description="how cloze questions are drawn")
     eval_examples: int = Field(64, ge=1, description="dev examples evaluated (the first N)")
+    max_new_tokens: int = Field(32, ge=1, description="answer tokens generated in evaluation")
+    decoding: Literal["thorough", "fast"] = Field("thorough", description="RAG-Sequence decoding in evaluation "
+                                                                         "(fast: the paper's Fast Decoding)")
+    eval_precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32", description="evaluation arithmetic; auto = bf16 autocast where native (~3x faster on AMX)")
 
 
 class FinetuneOutcome(BaseModel):
@@ -74,22 +91,29 @@ def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
 
 @task
 def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAccess, task_kind: str, metric: str,
-                   value: float, margin: float) -> Any:
+                   value: float, margin: float, print_: str) -> Any:
     """Log the fine-tuned model as a pyfunc model of the run, register it, pin its index, gate its promotion."""
     folder = scratch_dir("wikirag-register-")
     try:
         model.save_pretrained(folder)
         uri = log_rag_model(tracking_uri, run_id, folder, store_url=store.url, index_version=model.index_version)
-        return register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
-                        store=store.store(), index_version=model.index_version)
+        promotion = register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
+                             store=store.store(), index_version=model.index_version)
+        MlflowClient(tracking_uri=tracking_uri).set_model_version_tag(promotion.name, promotion.version,
+                                                                       FINGERPRINT_TAG, print_)
+        return promotion
     finally:
         remove_dir(folder)
 
 
 @flow(name="finetune-task", validate_parameters=True)
 def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: str, index_version: str,
-                  nproc: int = 2, margin: float = 0.0, output: str | None = None) -> FinetuneOutcome:
-    """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring)."""
+                  nproc: int = 2, margin: float = 0.0, output: str | None = None,
+                  force: bool = False) -> FinetuneOutcome:
+    """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring).
+
+    A model already registered from the same recipe, data, index version and evaluation is reused
+    (training is deterministic) unless ``force``."""
     log = get_run_logger()
     target = store.store()
     if request.train is None:
@@ -108,18 +132,26 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     config = TrainConfig.model_validate({"output": output or f"runs/{request.task}/{index_version}",
                                          **request.recipe, "task": request.task, "train": train_url,
                                          "dev": dev_url, "index_version": index_version})
+    print_ = fingerprint(config, f"{request.eval_examples}|{request.max_new_tokens}|{request.decoding}|"
+                                 f"{request.eval_precision}")
+    if not force and (done := registered_with(tracking_uri, request.task, print_)) is not None:
+        log.info("%s: reusing wikirag-%s v%s (trained from the same recipe, data and index; force=True retrains)",
+                 request.task, request.task, done["model_version"])
+        return FinetuneOutcome(task=request.task, index_version=index_version, examples_per_s=None, **done)
     run_id = start_run(tracking_uri, config, train_url, dev_url)
     model_dir = scratch_dir("wikirag-trained-")
     try:
-        baseline = evaluate(zero_shot_model(config, target), dev_examples)
+        settings = {"max_new_tokens": request.max_new_tokens, "mode": request.decoding,
+                    "precision": request.eval_precision}
+        baseline = evaluate(zero_shot_model(config, target), dev_examples, **settings)
         record_evaluation(tracking_uri, run_id, baseline, prefix="zero_shot")
         result = train(config, nproc, target.url, tracking_uri, run_id)
         model = trained_model(target, result, model_dir)
-        evaluation = evaluate(model, dev_examples)
+        evaluation = evaluate(model, dev_examples, **settings)
         gate_predictions(request.task, dev_examples, evaluation.predictions)
         record_evaluation(tracking_uri, run_id, evaluation, prefix="dev", step=result.final_step)
         metric, value = evaluation.headline
-        promotion = register_model(tracking_uri, run_id, model, store, request.task, metric, value, margin)
+        promotion = register_model(tracking_uri, run_id, model, store, request.task, metric, value, margin, print_)
     except BaseException:
         finish_run(tracking_uri, run_id, failed=True)
         raise
@@ -136,19 +168,24 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
 
 @flow(name="finetune", validate_parameters=True)
 def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: str, index_version: str | None = None,
-             nproc: int = 2, margin: float = 0.0) -> list[FinetuneOutcome]:
+             nproc: int = 2, margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
     """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default)."""
     if not requests:
         raise ValueError("finetune: no tasks given")
     if nproc < 1:
         raise ValueError(f"finetune: nproc must be at least 1, got {nproc}")
     version = resolve_index(store.store(), index_version)
-    return [finetune_task(r, store, tracking_uri, version, nproc, margin) for r in requests]
+    return [finetune_task(r, store, tracking_uri, version, nproc, margin, force=force) for r in requests]
 
 
 @flow(name="finetune-deployment", validate_parameters=True)
 def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None = None, nproc: int = 2,
-                      margin: float = 0.0) -> list[FinetuneOutcome]:
+                      margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
     """The deployment's entry point: the worker's settings (store, MLflow), read once."""
     settings = Settings()
-    return finetune(requests, settings.store_access(), settings.tracking_uri, index_version, nproc, margin)
+    from flows.models import resolve_generator
+
+    generator = str(resolve_generator(settings.home, None)) if any("generator" not in r.recipe for r in requests) else None
+    requests = [r if "generator" in r.recipe else r.model_copy(update={"recipe": {**r.recipe, "generator": generator}})
+                for r in requests]
+    return finetune(requests, settings.store_access(), settings.tracking_uri, index_version, nproc, margin, force)

@@ -21,7 +21,14 @@ from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
-from tasks.index import build_index_shard, embed_passages, plan_index, publish_index, summarize_index
+from tasks.index import (
+    build_index_shard,
+    embed_passages,
+    plan_index,
+    publish_index,
+    summarize_index,
+    unchanged_latest,
+)
 from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
 
 quiet_environment()
@@ -55,6 +62,8 @@ def index_rebuild(
     passages_url = ingest.with_options(task_runner=dask_runner(address, None))(config=ingest_config, store=store)
 
     plan = plan_index(target, passages_url, embed, index, gate)
+    if (current := unchanged_latest(target, plan)) is not None:
+        return current
     shard_ids = list(range(plan.num_shards))
     embedding_runs = embed_passages.map(unmapped(target), unmapped(plan), shard_ids)
     wait(embedding_runs)  # finished shards stay on the store even when one fails: a rerun skips them

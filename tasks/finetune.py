@@ -44,6 +44,38 @@ def cloze_files(store: Store, index_version: str, config: ClozeConfig) -> tuple[
     return folder.url_of("train.jsonl"), folder.url_of("dev.jsonl")
 
 
+FINGERPRINT_TAG = "wikirag.fingerprint"
+
+
+def fingerprint(config: TrainConfig, evaluation: str) -> str:
+    """What decides a registered model: the recipe (files, index version, generator, seed...) and its evaluation."""
+    return hashlib.sha256(f"{config.model_dump_json()}|{evaluation}".encode()).hexdigest()[:16]
+
+
+@task
+def registered_with(tracking_uri: str, task_kind: str, print_: str) -> dict[str, Any] | None:
+    """The registered ``wikirag-<task>`` version made from the same fingerprint, if any (a rerun then reuses it)."""
+    from mlflow import MlflowClient
+
+    from tasks.registry import model_name
+    from tasks.tracking import check_reachable
+
+    check_reachable(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = [v for v in client.search_model_versions(f"name='{model_name(task_kind)}'")
+             if v.tags.get(FINGERPRINT_TAG) == print_]
+    if not found:
+        return None
+    version = max(found, key=lambda v: int(v.version))
+    run = client.get_run(version.run_id)
+    metric = version.tags["dev_metric"]
+    return {"run_id": version.run_id, "metric": metric, "fine_tuned": float(version.tags["dev_metric_value"]),
+            "zero_shot": run.data.metrics.get(f"zero_shot_{metric}", float("nan")),
+            "model_version": str(version.version), "alias": ",".join(version.aliases) or "none",
+            "reason": f"reused: same recipe, data and index as v{version.version}",
+            "steps": int(run.data.params.get("max_steps", 0))}
+
+
 @task
 def zero_shot_model(config: TrainConfig, store: Store) -> Any:
     """The model training starts from, for the baseline evaluation."""

@@ -56,6 +56,25 @@ def plan_index(store: Store, passages_url: str, embed: EmbedConfig, index: Index
 
 
 @io_task
+def unchanged_latest(store: Store, plan: IndexPlan) -> str | None:
+    """LATEST when it was built from this plan's passages, encoder, shard count and index settings (a rerun on the
+    same dump then publishes nothing new), else None."""
+    from rag_core.index.versions import latest_version, read_index_manifest
+
+    latest = latest_version(store)
+    if latest is None:
+        return None
+    manifest = read_index_manifest(store, latest)
+    same = (manifest.dump_id == plan.dump_id and manifest.fingerprint_id == plan.fingerprint_id
+            and len(manifest.shards) == plan.num_shards and manifest.index_config is not None
+            and IndexConfig.model_validate(manifest.index_config) == plan.index)
+    if same:
+        get_run_logger().info("LATEST (%s) already indexes these passages with this encoder and these settings; "
+                              "nothing to rebuild", latest)
+    return latest if same else None
+
+
+@io_task
 def embed_passages(store: Store, plan: IndexPlan, shard_id: int) -> EmbeddedShard:
     """Embed one passage shard (skipped when done; reused where vectors exist; the rest encoded)."""
     start, stop = plan.bounds(shard_id)

@@ -96,8 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rag_core.train.recipe import Distributed, TrainConfig, run
 
     distributed = Distributed.from_environ(os.environ)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {distributed.rank} %(levelname)s "
-                                                   "%(name)s: %(message)s")
+    # the launcher stamps each line with its time; faiss's loader would log five lines per process
+    logging.basicConfig(level=logging.INFO, format=f"rank {distributed.rank} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     try:
         config = TrainConfig.model_validate_json(Path(args.config).read_text())
     except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError

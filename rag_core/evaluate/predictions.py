@@ -48,8 +48,12 @@ class Evaluation:
 
 
 def evaluate_model(model: Any, examples: Sequence[Example], *, batch_size: int = 8, closed_book: bool = False,
-                   max_new_tokens: int = MAX_NEW_TOKENS, progress: Progress | None = None) -> Evaluation:
-    """Predict every example (in batches of ``batch_size``) and score the predictions for its task kind."""
+                   max_new_tokens: int = MAX_NEW_TOKENS, mode: str = "thorough",
+                   progress: Progress | None = None) -> Evaluation:
+    """Predict every example (in batches of ``batch_size``) and score the predictions for its task kind.
+
+    ``mode``: RAG-Sequence decoding, "thorough" (every candidate scored under every passage) or
+    "fast" (the paper's Fast Decoding: candidates scored only under the passages whose beam found them)."""
     if not examples:
         raise ValueError("evaluate_model: no examples; give the dev split of a task")
     kinds = {e.kind for e in examples}
@@ -64,7 +68,7 @@ def evaluate_model(model: Any, examples: Sequence[Example], *, batch_size: int =
         questions = [e.input for e in chunk]
         with torch.no_grad():
             batch = model.closed_book(questions) if closed_book else model.retrieve(questions)
-        answers = model.generate(batch, max_new_tokens=max_new_tokens)
+        answers = model.generate(batch, max_new_tokens=max_new_tokens, mode=mode)
         retrieved += retrieved_passages(batch.passage_ids, batch.titles, batch.texts)
         for row, (example, prediction) in enumerate(zip(chunk, answers, strict=True)):
             records.append({"id": example.id, "input": example.input, "prediction": prediction,

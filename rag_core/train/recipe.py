@@ -56,6 +56,7 @@ from torch import nn
 
 from rag_core.errors import WikiragError
 from rag_core.index.encoders import EncoderConfig
+from rag_core.progress import StageProgress
 from rag_core.storage import Store, is_local
 from rag_core.train import checkpoints as ckpt
 from rag_core.train.examples import Example
@@ -338,38 +339,46 @@ class Recipe:
         c = self.config
         if self.step == 0 and self.dev_examples:
             self._evaluate()
-        while self.step < c.max_steps:
-            started = time.perf_counter()
-            lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.zero_grad(set_to_none=True)
-            total = torch.zeros((), dtype=torch.float64, device=self.device)
-            scale = self.dist.world_size / c.batch_size
-            for micro in range(c.grad_accum):
-                examples = [self._example(k) for k in
-                            micro_positions(self.step, micro, self.dist.rank, self.dist.world_size, c)]
-                sync = micro == c.grad_accum - 1 or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
-                with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                    loss = self._loss(self.ddp, examples, scale)
-                    loss.backward()
-                total += loss.detach().double() / scale
-            if c.grad_clip:
-                nn.utils.clip_grad_norm_([p for _, p in self.trainable], c.grad_clip)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.step += 1
-            self.losses.append(self._global_sum(total) / c.batch_size)
-            seconds = time.perf_counter() - started
-            if self.step > (self.resumed_from or 0) + 1:  # the first step of a process warms up its kernels
-                self.rates.append(c.batch_size / seconds)
-            if self.step % c.log_every == 0 or self.step == c.max_steps:
-                self.logger.log_metrics({"loss": self.losses[-1], "lr": lr, "examples_per_s": c.batch_size / seconds},
-                                        step=self.step)
-            if self.dev_examples and c.eval_every and self.step % c.eval_every == 0 and self.step < c.max_steps:
-                self._evaluate()
-            if (c.checkpoint_every and self.step % c.checkpoint_every == 0) or self.step == c.max_steps:
-                if self.step == c.max_steps and self.dev_examples:
-                    self._evaluate()  # the final dev loss goes into the last checkpoint's history
-                self._checkpoint()
+        with StageProgress(f"train {c.task}", max(0, c.max_steps - self.step), "step",
+                           log=log.info if self.dist.rank == 0 else (lambda _line: None)) as progress:
+            while self.step < c.max_steps:
+                self._one_step()
+                progress.update()
+
+    def _one_step(self) -> None:
+        """One optimizer step over the global batch (module docstring), then logging, dev loss, checkpoint."""
+        c = self.config
+        started = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        scale = self.dist.world_size / c.batch_size
+        for micro in range(c.grad_accum):
+            examples = [self._example(k) for k in
+                        micro_positions(self.step, micro, self.dist.rank, self.dist.world_size, c)]
+            sync = micro == c.grad_accum - 1 or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                loss = self._loss(self.ddp, examples, scale)
+                loss.backward()
+            total += loss.detach().double() / scale
+        if c.grad_clip:
+            nn.utils.clip_grad_norm_([p for _, p in self.trainable], c.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.losses.append(self._global_sum(total) / c.batch_size)
+        seconds = time.perf_counter() - started
+        if self.step > (self.resumed_from or 0) + 1:  # the first step of a process warms up its kernels
+            self.rates.append(c.batch_size / seconds)
+        if self.step % c.log_every == 0 or self.step == c.max_steps:
+            self.logger.log_metrics({"loss": self.losses[-1], "lr": lr, "examples_per_s": c.batch_size / seconds},
+                                    step=self.step)
+        if self.dev_examples and c.eval_every and self.step % c.eval_every == 0 and self.step < c.max_steps:
+            self._evaluate()
+        if (c.checkpoint_every and self.step % c.checkpoint_every == 0) or self.step == c.max_steps:
+            if self.step == c.max_steps and self.dev_examples:
+                self._evaluate()  # the final dev loss goes into the last checkpoint's history
+            self._checkpoint()
 
     def _example(self, position: int) -> Example:
         n = len(self.train_examples)

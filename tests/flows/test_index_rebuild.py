@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 
 from flows.index_rebuild import index_rebuild
 from flows.ingest import dask_runner
@@ -32,6 +33,7 @@ from rag_core.wiki.ingest import IngestConfig, read_passages
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.dumpfiles import page_xml, write_multistream
 from tests.encoderfiles import save_tiny_bert
+from tests.generatorfiles import save_tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -118,6 +120,8 @@ def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
     assert manifest["gates"]["recall: expect_column_mean_to_be_between(recall_at_10)"] == 1.0
     assert {"embeddings", "index-counts", "recall"} <= set(manifest["gates"])
     assert f"index-{version}".lower().replace(".", "-") in _artifact_keys()
+    assert rebuild(cluster, dump, index, store_url, tiny) == version  # the same dump and settings: LATEST stands
+    assert list_versions(store) == [version]
 
     # The merged top-k over 3 shards equals exact search over every stored vector.
     encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
@@ -336,16 +340,31 @@ def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, pr
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
     (home / "data").mkdir(parents=True)
     shutil.copy(SAMPLE_BZ2, home / "data" / SAMPLE_NAME)  # the same bytes as the wheel's: fetching is tested elsewhere
-    proc = _cli("run", env=env, timeout=900)
+    llama = save_tiny_llama(tmp_path / "llama")  # the real default generator's fetch is tested in test_models
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _cli("run", "--generator", str(llama), "--max-steps", "2", env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hardware: CPU " in proc.stderr and "torch capability " in proc.stderr  # the machine, then the dtype
     assert "model dtype float32 on cpu: " in proc.stderr or "model dtype bfloat16 on cpu: " in proc.stderr
-    assert "Q: Who was the teacher of Alexander the Great?" in proc.stdout
-    first = proc.stdout.splitlines()[1]
-    assert "] Aristotle:" in first  # the top passage is Aristotle's
+    summary = proc.stdout
+    assert "| cloze | em |" in summary and "wikirag-cloze v1 | champion | 2 |" in summary
+    teacher = summary.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
+    assert teacher[1].startswith("  - Aristotle (")  # the champion's most probable passage is Aristotle's
+    plots = sorted(p.name for p in (home / "reports").iterdir())
+    assert plots == ["metrics_per_task.png", "retrieval_recall.png", "training_loss.png"]
     store = Store(str(home / "store"))
     manifest = read_manifest(store)
     assert manifest["count"] == 4391 and manifest["encoder"]["name"] == "all-MiniLM-L6-v2"
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    champion = client.get_model_version_by_alias("wikirag-cloze", "champion")
+    assert champion.tags["index_version"] == manifest["version"]
+    assert {a.path for a in client.list_artifacts(champion.run_id, "plots")} >= {
+        "plots/metrics_per_task.png", "plots/retrieval_recall.png", "plots/training_loss.png", "plots/loss_curve.png"}
+
+    again = _cli("run", "--generator", str(llama), "--max-steps", "2", env=env, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing wikirag-cloze v1" in again.stderr  # same dump, recipe and index: nothing retrained
+    assert read_manifest(store)["version"] == manifest["version"]
 
     # The RAG model on the real sample's index: a few training steps, every decoding mode, save, and a reload
     # onto a second index version (HNSW, built from the same embeddings: only the FAISS shards are new).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 from rag_core.errors import StoreError
 from rag_core.storage import Store
@@ -37,7 +38,7 @@ def main(spec_file: str) -> int:
 
     from rag_core.train.recipe import Distributed, TrainConfig, run
 
-    spec = json.loads(open(spec_file).read())
+    spec = json.loads(Path(spec_file).read_text())
     where = Distributed.from_environ(os.environ)
     store = Store(spec["store"]) if where.rank == 0 else ReadOnlyStore(spec["store"])
     torch.set_num_threads(1)

@@ -13,36 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rag_core.model.generators import GeneratorConfig, default_generator
-from rag_core.storage import Store
 from rag_core.train.checkpoints import CheckpointError, latest_checkpoint, load_model, step_folder
-from rag_core.train.cloze import ClozeConfig, cloze_examples
-from rag_core.train.examples import write_examples
 from rag_core.train.recipe import Distributed, TrainConfig, TrainConfigError, lr_factor, micro_positions, run
 from rag_core.train.tracking import MemoryLogger
-from tests.encoderfiles import tiny_encoder
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """A Flat index (tiny BERT) of 200 real passages, cloze train/dev files from them, a tiny BART and Llama."""
-    root = tmp_path_factory.mktemp("recipe")
-    store = Store(str(root / "store"))
-    passages = sample_passages().slice(0, 200)
-    version = publish_small_index(store, "d1", passages, tiny_encoder(root / "bert"), shards=2)
-    task = cloze_examples(passages, ClozeConfig(seed=0, dev_fraction=0.2))
-    write_examples(task.train, str(root / "train.jsonl"))
-    write_examples(task.dev, str(root / "dev.jsonl"))
-    bart, tokenizer = default_generator(GeneratorConfig(d_model=32, layers=1, heads=2, ffn_dim=64), 512)
-    bart.save_pretrained(root / "bart")
-    tokenizer.save_pretrained(root / "bart")
-    return SimpleNamespace(root=root, store=store, version=version, train=str(root / "train.jsonl"),
-                           dev=str(root / "dev.jsonl"), bart=str(root / "bart"), n_train=len(task.train),
-                           llama=str(save_tiny_llama(root / "llama")))
 
 
 def make_config(tiny: SimpleNamespace, output: str, **fields) -> TrainConfig:

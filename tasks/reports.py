@@ -1,0 +1,126 @@
+"""The main job's report: plots (PNG, also logged to MLflow) and the summary a newcomer reads at the end."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+_RECALL = re.compile(r"^dev_(answer|passage|page)_recall_at_(\d+)$")
+
+
+def _figure(width: float = 6.0, height: float = 3.5) -> Any:
+    from matplotlib.figure import Figure  # no pyplot: no global backend state in a worker
+
+    return Figure(figsize=(width, height), dpi=100)
+
+
+def plot_metrics(outcomes: Sequence[Any], path: Path) -> Path:
+    """Each task's headline dev metric, zero-shot start beside fine-tuned."""
+    figure = _figure()
+    axes = figure.add_subplot()
+    names = [f"{o.task}\n({o.metric})" for o in outcomes]
+    positions = range(len(outcomes))
+    axes.bar([p - 0.2 for p in positions], [o.zero_shot for o in outcomes], 0.4, label="zero-shot start")
+    axes.bar([p + 0.2 for p in positions], [o.fine_tuned for o in outcomes], 0.4, label="fine-tuned")
+    axes.set_xticks(list(positions), names)
+    axes.set_ylim(0, 1)
+    axes.set_ylabel("dev metric")
+    axes.set_title("Dev metric per task")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def plot_recall(metrics: dict[str, dict[str, float]], path: Path) -> Path | None:
+    """Retrieval recall@k of each task's dev set (answer, passage or page recall, whichever the task allows)."""
+    figure = _figure()
+    axes = figure.add_subplot()
+    drawn = False
+    for task_kind, values in metrics.items():
+        curves: dict[str, list[tuple[int, float]]] = {}
+        for name, value in values.items():
+            if match := _RECALL.match(name):
+                curves.setdefault(match.group(1), []).append((int(match.group(2)), value))
+        for kind, points in curves.items():
+            ks, ys = zip(*sorted(points))
+            axes.plot(ks, ys, marker="o", label=f"{task_kind}: {kind} recall")
+            drawn = True
+    if not drawn:
+        return None
+    axes.set_xscale("log")
+    axes.set_xlabel("k (passages retrieved)")
+    axes.set_ylabel("recall@k")
+    axes.set_ylim(0, 1.02)
+    axes.set_title("Retrieval recall@k on dev")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
+    """Training loss per step of each task's run."""
+    if not any(histories.values()):
+        return None
+    figure = _figure()
+    axes = figure.add_subplot()
+    for task_kind, points in histories.items():
+        if points:
+            axes.plot(*zip(*points), label=task_kind, linewidth=1)
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("training loss (NLL per example)")
+    axes.set_title("Fine-tuning loss")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+@task
+def write_plots(tracking_uri: str, outcomes: list[Any], folder: str) -> list[str]:
+    """The three plots as PNG files in ``folder``, each also logged to its task's MLflow run under ``plots/``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {o.task: client.get_run(o.run_id) for o in outcomes}
+    histories = {t: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, "loss")]
+                 for t, r in runs.items()}
+    made = [plot_metrics(outcomes, out / "metrics_per_task.png"),
+            plot_recall({t: r.data.metrics for t, r in runs.items()}, out / "retrieval_recall.png"),
+            plot_losses(histories, out / "training_loss.png")]
+    made = [p for p in made if p is not None]
+    for outcome in outcomes:
+        for path in made:
+            client.log_artifact(outcome.run_id, str(path), "plots")
+    return [str(p) for p in made]
+
+
+def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], answers: Sequence[dict[str, Any]],
+                     plots: Sequence[str], where: dict[str, str]) -> str:
+    lines = ["# wikirag: the main job", "", f"Index **{version}**: {passages:,} passages, now LATEST.", "",
+             "| task | dev metric | zero-shot | fine-tuned | model | alias | steps |", "|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        lines.append(f"| {o.task} | {o.metric} | {o.zero_shot:.3f} | {o.fine_tuned:.3f} | wikirag-{o.task} "
+                     f"v{o.model_version} | {o.alias} | {o.steps} |")
+    lines += ["", "## Questions answered by the champion", ""]
+    for item in answers:
+        lines.append(f"- **{item['question']}** → {item['answer']!r}")
+        for p in item["provenance"][:3]:
+            lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f})")
+    lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
+    lines += [f"- plot: `{p}`" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+@task
+def publish_summary(markdown: str) -> str:
+    create_markdown_artifact(markdown=markdown, key="wikirag-summary", description="the main job's summary")
+    return markdown
