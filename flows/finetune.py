@@ -67,6 +67,7 @@ class FinetuneOutcome(BaseModel):
     task: str
     run_id: str
     index_version: str
+    dev: str | None = None  # the dev file evaluated
     metric: str
     zero_shot: float
     fine_tuned: float
@@ -137,7 +138,8 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     if not force and (done := registered_with(tracking_uri, request.task, print_)) is not None:
         log.info("%s: reusing wikirag-%s v%s (trained from the same recipe, data and index; force=True retrains)",
                  request.task, request.task, done["model_version"])
-        return FinetuneOutcome(task=request.task, index_version=index_version, examples_per_s=None, **done)
+        return FinetuneOutcome(task=request.task, index_version=index_version, examples_per_s=None, dev=dev_url,
+                               **done)
     run_id = start_run(tracking_uri, config, train_url, dev_url)
     model_dir = scratch_dir("wikirag-trained-")
     try:
@@ -161,7 +163,7 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     _, before = baseline.headline
     log.info("%s: %s %.4f zero-shot -> %.4f fine-tuned; %s v%s is %s (%s)", request.task, metric, before, value,
              promotion.name, promotion.version, promotion.alias, promotion.reason)
-    return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, metric=metric,
+    return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, dev=dev_url, metric=metric,
                            zero_shot=before, fine_tuned=value, model_version=promotion.version, alias=promotion.alias,
                            reason=promotion.reason, steps=result.final_step, examples_per_s=result.examples_per_s)
 

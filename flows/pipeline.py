@@ -23,7 +23,7 @@ from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
-from tasks.reports import publish_summary, summary_markdown, write_plots
+from tasks.reports import publish_summary, retrieval_recall, summary_markdown, write_plots
 
 quiet_environment()
 
@@ -89,7 +89,9 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
                 *[t.model_copy(update={"recipe": {**recipe, **t.recipe}}) for t in tasks or []]]
     outcomes = finetune(requests, store, tracking_uri, version, nproc)
     answers = champion_answers(tracking_uri, "cloze", list(questions or SAMPLE_QUESTIONS))
-    plots = write_plots(tracking_uri, outcomes, report_dir)
+    recall = {o.task: retrieval_recall(store.store(), version, o.task, o.dev, store.options(o.dev))
+              for o in outcomes if o.dev}
+    plots = write_plots(tracking_uri, outcomes, recall, report_dir)
     passages = index_facts(store, version)
     markdown = publish_summary(summary_markdown(version, passages, outcomes, answers, plots, where or {}))
     return PipelineSummary(index_version=version, passages=passages, outcomes=outcomes, answers=answers, plots=plots,

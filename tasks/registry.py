@@ -16,6 +16,7 @@ training run.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,7 +67,11 @@ def _tracking(uri: str) -> Iterator[None]:
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
-        yield
+        with warnings.catch_warnings():
+            # predict() has no type hints on purpose: MLflow would turn them into a schema that refuses a
+            # plain list of questions; its advice to add them is noise in every log
+            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
+            yield
     finally:
         mlflow.set_tracking_uri(previous)
 

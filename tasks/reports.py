@@ -10,6 +10,8 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from rag_core.storage import Store
+
 _RECALL = re.compile(r"^dev_(answer|passage|page)_recall_at_(\d+)$")
 
 
@@ -35,6 +37,27 @@ def plot_metrics(outcomes: Sequence[Any], path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path)
     return path
+
+
+RECALL_KS = (1, 2, 5, 10, 20)
+
+
+@task
+def retrieval_recall(store: Store, index_version: str, task_kind: str, dev_url: str, options: dict[str, Any],
+                     limit: int = 200) -> dict[str, float]:
+    """Recall@k (k up to 20) of the index's own question encoder on the first ``limit`` dev questions."""
+    from flows.search import SearchConfig, answer_questions
+    from rag_core.evaluate.metrics import retrieval_metrics
+    from rag_core.evaluate.retrieval import RetrievedPassage
+    from rag_core.train.loaders import load_task
+
+    examples = load_task(task_kind, dev_url, options)[:limit]
+    found = answer_questions(store, [e.input for e in examples], SearchConfig(version=index_version,
+                                                                              k=max(RECALL_KS)))
+    retrieved = [[RetrievedPassage(r["passage_id"], r["title"], r["text"]) for r in item["results"]]
+                 for item in found]
+    return {f"dev_{k.replace('@', '_at_')}": v for k, v in retrieval_metrics(task_kind, examples, retrieved,
+                                                                           RECALL_KS).items()}
 
 
 def plot_recall(metrics: dict[str, dict[str, float]], path: Path) -> Path | None:
@@ -83,18 +106,25 @@ def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path) -> Pa
 
 
 @task
-def write_plots(tracking_uri: str, outcomes: list[Any], folder: str) -> list[str]:
-    """The three plots as PNG files in ``folder``, each also logged to its task's MLflow run under ``plots/``."""
+def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[str, float]], folder: str) -> list[str]:
+    """The three plots as PNG files in ``folder``, each also logged to its task's MLflow run under ``plots/``;
+    ``recall``: each task's retrieval recall@k (:func:`retrieval_recall`), logged to its run as metrics too."""
     from mlflow import MlflowClient
+
+    from tasks.tracking import MlflowRunLogger
 
     client = MlflowClient(tracking_uri=tracking_uri)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     runs = {o.task: client.get_run(o.run_id) for o in outcomes}
+    for outcome in outcomes:
+        if recall.get(outcome.task):
+            MlflowRunLogger(client, outcome.run_id).log_metrics({f"index_{k}": v for k, v in
+                                                                 recall[outcome.task].items()})
     histories = {t: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, "loss")]
                  for t, r in runs.items()}
     made = [plot_metrics(outcomes, out / "metrics_per_task.png"),
-            plot_recall({t: r.data.metrics for t, r in runs.items()}, out / "retrieval_recall.png"),
+            plot_recall(recall, out / "retrieval_recall.png"),
             plot_losses(histories, out / "training_loss.png")]
     made = [p for p in made if p is not None]
     for outcome in outcomes:

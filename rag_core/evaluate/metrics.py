@@ -160,5 +160,11 @@ def score(kind: str, examples: Sequence[Example], predictions: Sequence[str],
             out["regex_match"] = _mean([regex_match(p, e.answer_regex or re.escape(e.targets[0]))
                                         for p, e in zip(predictions, examples)])
     if retrieved is not None:
-        out.update(retrieval_scores(examples, retrieved, ks, answers=kind in _EXTRACTIVE))
+        out.update(retrieval_metrics(kind, examples, retrieved, ks))
     return out
+
+
+def retrieval_metrics(kind: str, examples: Sequence[Example], retrieved: Sequence[Sequence[RetrievedPassage]],
+                      ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
+    """The recall@k metrics a task kind allows (answer recall only where answers are spans of passages)."""
+    return retrieval_scores(examples, retrieved, ks, answers=kind in _EXTRACTIVE)

@@ -335,6 +335,7 @@ def test_rebuilds_with_other_shard_counts_encode_each_passage_once(wiki: Path, h
         assert got == [[ids[i] for i in row] for row in exact]
 
 
+@pytest.mark.timeout(1500)  # the whole main job twice, with fine-tuning, on 2 shared cores
 def test_main_job_builds_the_sample_index_and_answers(wiki: Path, home: Path, prefect_server: str,
                                                      tmp_path: Path) -> None:
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}

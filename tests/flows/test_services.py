@@ -107,7 +107,38 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
         manifest = json.loads(fs.cat(f"{published[0]}/manifest.json"))
         assert manifest["counts"]["passages"] > 4000
 
-        assert SECRET not in started.stdout + started.stderr + run.stdout + run.stderr
+        # the finetune deployment on the worker: a small index on S3, 2 DDP processes, the MLflow server's registry
+        from rag_core.index.encoders import Encoder, EncoderConfig
+        from rag_core.storage import Store
+        from tests.encoderfiles import save_tiny_bert
+        from tests.generatorfiles import save_tiny_llama
+        from tests.passagefiles import publish_small_index, sample_passages
+
+        store = Store("s3://wikirag/store", {"key": env["AWS_ACCESS_KEY_ID"], "secret": SECRET,
+                                             "endpoint_url": exports["AWS_ENDPOINT_URL"]})
+        encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "bert")), dtype="float32"))
+        version = publish_small_index(store, "tiny", sample_passages().slice(0, 200), encoder, shards=2)
+        request = {"task": "cloze", "eval_examples": 4, "recipe": {
+            "generator": str(save_tiny_llama(tmp_path / "llama")), "max_steps": 2, "batch_size": 4, "n_docs": 2}}
+        tuned = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "finetune-deployment/finetune",
+                                "--param", f"requests={json.dumps([request])}", "--param", "nproc=2",
+                                "--watch", "--watch-timeout", "400"],
+                               env=client_env, cwd=ROOT, capture_output=True, text=True, timeout=450)
+        assert tuned.returncode == 0 and "Completed" in tuned.stdout, tuned.stdout[-3000:]
+        consumer = ("import json, mlflow; m = mlflow.pyfunc.load_model('models:/wikirag-cloze@champion'); "
+                    "print(json.dumps(m.predict(['Who was Achilles?'])))")
+        loaded = subprocess.run([sys.executable, "-c", consumer], env=client_env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=300)  # a fresh process, from the MLflow server and S3
+        assert loaded.returncode == 0, loaded.stderr[-3000:]
+        answer = json.loads(loaded.stdout.strip().splitlines()[-1])[0]
+        assert answer["question"] == "Who was Achilles?" and len(answer["provenance"]) == 2
+        champion = json.loads(subprocess.run(
+            [sys.executable, "-c", "import json; from mlflow import MlflowClient; v = MlflowClient()"
+             ".get_model_version_by_alias('wikirag-cloze', 'champion'); print(json.dumps(dict(v.tags)))"],
+            env=client_env, capture_output=True, text=True, timeout=120).stdout)
+        assert champion["index_version"] == version and champion["store"] == "s3://wikirag/store"
+
+        assert SECRET not in started.stdout + started.stderr + run.stdout + run.stderr + tuned.stdout + tuned.stderr
         leaks = [str(p) for p in home.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
         assert not leaks, f"the secret was written to {leaks}"
     finally:
