@@ -58,7 +58,8 @@ import pyarrow.parquet as pq  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 SAMPLE = REPO.parent / "shared/data/wikipedia/enwiki-sample-pages-articles-multistream.xml.bz2"
-QUESTIONS = REPO.parent / "shared/data/qa/nq_open/NQ-open.dev.jsonl"
+QA = REPO.parent / "shared/data/qa"
+QUESTIONS = QA / "nq_open/NQ-open.dev.jsonl"
 WORDS = 100  # words per passage, as DPR's windows
 CHUNK = 10_000  # passages per cached vector file
 MIN_SENTENCE_WORDS = 3  # shorter pieces are leftovers of lists and tables
@@ -223,15 +224,23 @@ def _progress(start: int, t0: float, done: int):
     return progress
 
 
-def question_vectors(n: int) -> Path:
-    """The first ``n`` NQ-open dev questions, encoded like the passages (cached)."""
-    encoder = _encoder()
-    path = CACHE / f"nq-dev-{n}-{encoder.fingerprint_id}.npy"
-    if not path.exists():
+def read_questions(source: str, n: int) -> list[str]:
+    """The first ``n`` questions of ``nq`` (NQ-open dev) or ``webquestions`` (WebQuestions test)."""
+    if source == "nq":
         with QUESTIONS.open() as f:
-            questions = [json.loads(line)["question"] for line, _ in zip(f, range(n))]
+            return [json.loads(line)["question"] for line, _ in zip(f, range(n))]
+    if source == "webquestions":
+        return [q["qText"] for q in json.loads((QA / "webquestions/main_test.json").read_text())[:n]]
+    raise ValueError(f"unknown question set {source!r}: use nq or webquestions")
+
+
+def question_vectors(n: int, source: str = "nq") -> Path:
+    """The first ``n`` questions of ``source``, encoded like the passages (cached)."""
+    encoder = _encoder()
+    path = CACHE / f"{'nq-dev' if source == 'nq' else source}-{n}-{encoder.fingerprint_id}.npy"
+    if not path.exists():
         CACHE.mkdir(exist_ok=True)
-        np.save(path, encoder.encode_questions(questions))
+        np.save(path, encoder.encode_questions(read_questions(source, n)))
     return path
 
 

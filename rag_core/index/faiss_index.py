@@ -236,8 +236,9 @@ def build_tuned_shard(
     return index, report
 
 
-def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig, shard_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows, queries)`` that tuning searches in shard ``shard_id`` (see :func:`rag_core.index.tuning.tuning_queries`)."""
+def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig,
+                         shard_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, queries)`` that tuning searches in shard ``shard_id`` (:func:`rag_core.index.tuning.tuning_queries`)."""
     return tuning_queries(vectors, config.tune_queries, config.tune_query_cosine, [config.seed, shard_id, TUNE_STREAM])
 
 

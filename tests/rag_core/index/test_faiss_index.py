@@ -65,14 +65,6 @@ def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def overlapping() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """8k vectors in 20 overlapping clusters (32-d), where approximate search needs a wide setting, and 300
-    fresh queries from the same clusters with their exact top-10."""
-    x = clustered_vectors(8_300, 32, seed=5, clusters=20, spread=1.0)
-    return x[:8_000], x[8_000:], exact_topk(x[:8_000], x[8_000:], 10)
-
-
-@pytest.fixture(scope="module")
 def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """20k base vectors and 200 held-out queries from the same clusters (64-d), with the exact top-10."""
     x = clustered_vectors(20_200, 64, seed=1)
