@@ -8,22 +8,28 @@ build memory, and searching shards must not oversubscribe the cores.
 Corpora (rows): the recombined corpus of ``bench/make_corpus.py`` (default
 200,000 distinct 100-word passages of real Wikipedia sentences) and the real
 sample's own 4,391 passages. Vectors: the packaged all-MiniLM-L6-v2 at
-``choose_precision("auto")``, cached in ``bench/.cache/``; queries: NQ-open dev
-questions. Recall@10 against exact search (ann-benchmarks' definition: a found
-passage counts when its exact inner product is at least the exact 10th best).
+``choose_precision("auto")``, cached in ``bench/.cache/``. Questions: of the
+23,203 in ../shared/data/qa (NQ-open, EfficientQA, WebQuestions, CuratedTREC,
+FEVER claims), the ``--queries`` closest to the corpus ("topical": a corpus of
+98 articles' topics leaves most questions without a relevant passage, full
+Wikipedia does not), and the first NQ-open dev questions as they come
+("NQ-open", mostly off-topic here: a stress case). Recall@10 against exact
+search (ann-benchmarks' definition: a found passage counts when its exact
+inner product is at least the exact 10th best).
 
 One run measures, on the same vectors, queries and cores:
 
 * builds, each in a fresh process that reads only its rows: the whole index
   and each of ``--shards`` contiguous shards, ``IndexConfig()`` (auto) sized
-  for the whole; seconds, peak-RSS rise, the setting tuning stored;
+  for the whole; seconds, bytes, peak-RSS rise, the setting tuning stored;
 * searches, ``--repeats`` rounds, every contender timed once per round, so
   ratios are per round (min / median / max): exact (``IndexFlatIP``), one
   index and the shards (``ShardedIndex``) at their stored settings and at the
   cheapest common setting reaching recall 0.95 on the questions (equal
   recall), in three thread layouts, whole batches and one query per call;
-* on the recombined corpus also HNSW32's efConstruction on one shard, and
-  Flat against HNSW32 on prefixes of growing size (the auto rule's threshold).
+* on the recombined corpus also: the setting tuning picks at several query
+  cosines against the settings the questions need, HNSW32's efConstruction on
+  one shard, and Flat against HNSW32 on prefixes of growing size.
 
     python bench/make_corpus.py --passages 20000        # once: the --quick corpus (a few minutes)
     python bench/index_bench.py --quick                 # 20,000 passages, 500 questions, smoke test
@@ -87,7 +93,7 @@ def verdict(ok: bool) -> str:
 # -- inputs (encoded in a child process: torch never loads where FAISS is timed) -------------------
 
 
-def _prepare(corpus: int, queries: int, argv: list[str]) -> tuple[RunInfo, dict[str, str], dict[str, str]]:
+def _prepare(corpus: int, argv: list[str]) -> tuple[RunInfo, dict[str, str], str, list[str]]:
     import make_corpus
 
     info = RunInfo.start(argv)
@@ -99,8 +105,19 @@ def _prepare(corpus: int, queries: int, argv: list[str]) -> tuple[RunInfo, dict[
     else:
         paths["recombined"] = str(recombined)
     paths["sample"] = str(make_corpus.sample_vectors())
-    questions = {source: str(make_corpus.question_vectors(queries, source)) for source in ("nq", "webquestions")}
-    return info, paths, questions
+    pool, sets = make_corpus.question_vectors()
+    return info, paths, str(pool), sets
+
+
+def question_sets(xb: np.ndarray, pool: np.ndarray, sets: np.ndarray, n: int) -> tuple[dict[str, np.ndarray], dict]:
+    """``topical``: the ``n`` pool questions closest to any passage of ``xb`` (in pool order); ``NQ-open``: the
+    first ``n`` NQ-open dev questions, most of them about topics the corpus lacks. And what was picked."""
+    best, _ = faiss.knn(pool, xb, 1, metric=faiss.METRIC_INNER_PRODUCT)
+    topical = np.sort(np.argsort(-best[:, 0], kind="stable")[:n])
+    nq = np.flatnonzero(sets == "nq")[:n]
+    picked = {name: int((sets[topical] == name).sum()) for name in dict.fromkeys(sets)}
+    return ({"topical": pool[topical], "NQ-open": pool[nq]},
+            {"pool": len(pool), "threshold": float(best[topical, 0].min()), "picked": picked})
 
 
 # -- builds: a fresh process per index or shard ------------------------------------------------------
@@ -120,8 +137,9 @@ def _build_in_child(npy: str, start: int, stop: int, config: dict, total: int, s
     t0 = time.perf_counter()
     index, report = build_tuned_shard(x, IndexConfig(**config), total_vectors=total, shard_id=shard)
     seconds = time.perf_counter() - t0
-    Path(out).write_bytes(serialize_index(index))
-    return {"seconds": seconds, "rise": _status("VmHWM") - base, "report": report}
+    data = serialize_index(index)
+    Path(out).write_bytes(data)
+    return {"seconds": seconds, "rise": _status("VmHWM") - base, "bytes": len(data), "report": report}
 
 
 def build(npy: Path, start: int, stop: int, config: IndexConfig, total: int, shard: int,
@@ -178,19 +196,24 @@ class Searcher:
 
 
 def one_index(label: str, index: faiss.Index) -> Searcher:
-    name = search_ladder(index)[0] or "efSearch"
-    return Searcher(label, lambda xq: index.search(xq, K)[1], lambda v: set_search_params(index, **{name: v}))
+    """One index searched as a one-shard ``ShardedIndex``: the library's thread rules, as a user gets them."""
+    return sharded(label, [index], np.array([0]))
 
 
 def sharded(label: str, shards: list[faiss.Index], offsets: np.ndarray, **layout) -> Searcher:
     tables = [pa.table({"passage_id": pa.array(np.arange(i.ntotal).astype(str))}) for i in shards]
     index = ShardedIndex(shards, tables, **layout)
+    name = search_ladder(shards[0])[0] or "efSearch"
 
     def search(xq: np.ndarray) -> np.ndarray:
         _, shard, row = index.search_rows(xq, K)
         return np.where(row >= 0, offsets[shard] + row, -1)
 
-    searcher = Searcher(label, search, lambda v: index.set_search_params(ef_search=v))
+    def set_param(value: int) -> None:
+        for shard in shards:
+            set_search_params(shard, **{name: value})
+
+    searcher = Searcher(label, search, set_param)
     searcher.layout = f"{index.workers} x {index.threads_per_search}"
     return searcher
 
@@ -240,23 +263,30 @@ class CorpusResult:
     setting: dict = field(default_factory=dict)  # label -> efSearch used (None: exhaustive)
     qps: dict = field(default_factory=dict)  # label -> {"batch": [...], "single": [...]}
     layouts: dict = field(default_factory=dict)  # label -> "workers x threads"
+    questions: dict = field(default_factory=dict)  # set name -> [q, d]
+    offtopic: dict = field(default_factory=dict)  # the NQ-open set against the same one index
 
 
-def distribution(xb: np.ndarray, xq: np.ndarray, rng: np.random.Generator) -> dict:
-    """How close passages lie to each other and to questions (what makes ANN search hard or easy)."""
+def distribution(xb: np.ndarray, questions: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
+    """How close passages lie to each other and to each question set (what makes ANN search hard or easy)."""
     rows = rng.choice(len(xb), min(2000, len(xb)), replace=False)
     nn, _ = faiss.knn(xb[rows], xb, 2, metric=faiss.METRIC_INNER_PRODUCT)  # [:, 0] is the passage itself
-    top, _ = faiss.knn(xq, xb, K, metric=faiss.METRIC_INNER_PRODUCT)
-    return {"nn": np.percentile(nn[:, 1], [10, 50, 90]), "dup": float((nn[:, 1] >= 0.95).mean()),
-            "top1": float(np.median(top[:, 0])), "top10": float(np.median(top[:, -1]))}
+    out = {"nn": np.percentile(nn[:, 1], [10, 50, 90]), "dup": float((nn[:, 1] >= 0.95).mean())}
+    for name, xq in questions.items():
+        top, _ = faiss.knn(xq, xb, K, metric=faiss.METRIC_INNER_PRODUCT)
+        out[name] = (float(np.median(top[:, 0])), float(np.median(top[:, -1])))
+    return out
 
 
-def measure_corpus(name: str, npy: Path, xq: np.ndarray, args, work: Path) -> CorpusResult:
+def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, args, work: Path) -> CorpusResult:
     xb = np.load(npy)
     n = len(xb)
+    questions, picked = question_sets(xb, pool, sets, args.queries)
+    xq = questions["topical"]
     log(f"{name}: {n:,} vectors, {len(xq):,} questions")
     truth = Truth.exact(xb, xq)
-    result = CorpusResult(name, n, distribution(xb, xq, np.random.default_rng(0)))
+    result = CorpusResult(name, n, distribution(xb, questions, np.random.default_rng(0)), questions=questions)
+    result.stats["questions"] = picked
     config = IndexConfig()
     index, result.whole = build(npy, 0, n, config, n, 0, work)
     result.factory = result.whole["report"]["factory"]
@@ -301,6 +331,16 @@ def measure_corpus(name: str, npy: Path, xq: np.ndarray, args, work: Path) -> Co
     result.layouts["shards, stored"] = contenders["shards, stored"].layout
     if "shards, equal recall" not in result.layouts:
         result.layouts["shards, equal recall"] = result.layouts["shards, stored"]
+    if hnsw:  # the same index and exact search, asked off-topic questions
+        nq = Truth.exact(xb, questions["NQ-open"])
+        one = one_index("off-topic, stored", index)
+        apply_search_setting(index, result.whole["report"])
+        stored = nq.recall(one.search(nq.xq))
+        qps = rounds([contenders["exact"], one], nq.xq, args.repeats, single=False)
+        again = one_index("off-topic, equal recall", deserialize_index(serialize_index(index)))
+        ef, recall = cheapest(again, nq)
+        qps |= rounds([again], nq.xq, args.repeats, single=False)
+        result.offtopic = {"recall": stored, "setting": ef, "recall_needed": recall, "qps": qps}
     return result
 
 
@@ -357,6 +397,33 @@ def measure_tuning_queries(npy: Path, questions: dict[str, np.ndarray], args) ->
     return rows
 
 
+def measure_batch_threads(npy: Path, xq: np.ndarray, args) -> list[dict]:
+    """Raw FAISS on the first shard's rows: QPS with one thread against every core, by batch size."""
+    xb_all = np.load(npy, mmap_mode="r")
+    a, b = shard_bounds(len(xb_all), 0, args.shards)
+    xb = np.ascontiguousarray(xb_all[a:b])
+    flat = faiss.IndexFlatIP(xb.shape[1])
+    flat.add(xb)
+    hnsw, _ = build_tuned_shard(xb, IndexConfig(factory="HNSW32"))
+    cores, rows = available_cores(), []
+    for name, index in (("Flat", flat), ("HNSW32, stored setting", hnsw)):
+        for nq in args.batches:
+            calls = max(1, 512 // nq)
+            qps = {1: [], cores: []}
+            for _ in range(args.repeats):
+                for threads in qps:
+                    faiss.omp_set_num_threads(threads)
+                    t0 = time.perf_counter()
+                    for c in range(calls):
+                        start = c * nq % max(1, len(xq) - nq)
+                        index.search(xq[start:start + nq], K)
+                    qps[threads].append(calls * nq / (time.perf_counter() - t0))
+            faiss.omp_set_num_threads(cores)
+            rows.append({"index": name, "nq": nq, "one": qps[1], "all": qps[cores]})
+            log(f"  {name}, batches of {nq}: {np.median(ratios(qps[cores], qps[1])):.2f}x with {cores} threads")
+    return rows
+
+
 def measure_sizes(npy: Path, xq: np.ndarray, args) -> list[dict]:
     """Flat against HNSW32 (default efConstruction, efSearch reaching TARGET) on growing prefixes."""
     xb_all = np.load(npy, mmap_mode="r")
@@ -400,11 +467,21 @@ def setting(value) -> str:
 
 
 def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args) -> list[str]:
-    out = ["### Corpora", "",
+    out = ["### Corpora and questions", "",
+           f"Questions: the {args.queries:,} of the {results[0].stats['questions']['pool']:,} in ../shared/data/qa "
+           "(NQ-open dev and EfficientQA, WebQuestions, CuratedTREC, FEVER dev claims) closest to some passage "
+           "of the corpus (\"topical\": the corpus covers 98 articles' topics, full Wikipedia nearly every "
+           f"question's), and the first {args.queries:,} NQ-open dev questions as they come (\"NQ-open\", mostly "
+           "off-topic here). All figures use the topical ones unless a table says otherwise.", "",
            "| corpus | passages | nearest other passage: cosine p10 / p50 / p90 | passages with one >= 0.95 "
-           "| question: best cosine, 10th best (median) |", "|---|---:|---|---:|---|"]
-    out += [f"| {r.name} | {r.n:,} | {' / '.join(f'{v:.3f}' for v in r.stats['nn'])} | {r.stats['dup']:.1%} "
-            f"| {r.stats['top1']:.3f}, {r.stats['top10']:.3f} |" for r in results]
+           "| topical: best, 10th-best cosine (median) | topical picked (best cosine >=) "
+           "| NQ-open: best, 10th-best cosine (median) |", "|---|---:|---|---:|---|---|---|"]
+    for r in results:
+        picked = r.stats["questions"]
+        mix = ", ".join(f"{name} {count:,}" for name, count in picked["picked"].items() if count)
+        out.append(f"| {r.name} | {r.n:,} | {' / '.join(f'{v:.3f}' for v in r.stats['nn'])} | {r.stats['dup']:.1%} "
+                   f"| {r.stats['topical'][0]:.3f}, {r.stats['topical'][1]:.3f} | {mix} ({picked['threshold']:.3f}) "
+                   f"| {r.stats['NQ-open'][0]:.3f}, {r.stats['NQ-open'][1]:.3f} |")
     out += ["", "### The index `auto` picks against exact search", "",
             f"Whole batches of the questions; QPS and ratios are min / median / max over {args.repeats} rounds.", "",
             "| corpus | auto picks | setting stored at build (held-out recall@10) | recall@10, questions "
@@ -419,6 +496,18 @@ def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args
                        f"| {setting(r.setting['one index, equal recall'])} "
                        f"| {r.recall['one index, equal recall']:.3f} | {spread(r.qps['exact']['batch'], '{:,.0f}')} "
                        f"| {qps_cells(r, 'one index, equal recall', 'exact')} |")
+    off = [r for r in results if r.offtopic]
+    if off:
+        out += ["", "### The same index asked off-topic questions (NQ-open)", "",
+                "| corpus | index | recall@10 at the stored setting | x exact | cheapest efSearch reaching "
+                f"{TARGET} (recall@10) | x exact |", "|---|---|---:|---:|---|---:|"]
+        for r in off:
+            q = r.offtopic["qps"]
+            out.append(f"| {r.name} | `{r.factory}`, {setting(r.whole['report']['search'].get('efSearch'))} "
+                       f"| {r.offtopic['recall']:.3f} "
+                       f"| {spread(ratios(q['off-topic, stored']['batch'], q['exact']['batch']), '{:.2f}')} "
+                       f"| {setting(r.offtopic['setting'])} ({r.offtopic['recall_needed']:.3f}) "
+                       f"| {spread(ratios(q['off-topic, equal recall']['batch'], q['exact']['batch']), '{:.2f}')} |")
     out += ["", f"### {args.shards} shards against one index", "",
             "Shards: contiguous, one `build_tuned_shard` each (auto sized for the whole), searched by "
             "`ShardedIndex`; layout = shards searched at once x FAISS threads in each "
@@ -441,11 +530,12 @@ def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args
     out += ["", "### Build memory", "",
             "Peak-RSS rise of a fresh process that reads its rows, builds, tunes and serialises "
             "(one build each).", "",
-            "| corpus | factory | whole: build s, rise MB | largest shard: build s, rise MB | shard / whole |",
-            "|---|---|---|---|---:|"]
+            "| corpus | factory | index MB (bytes/vector) | whole: build s, rise MB "
+            "| largest shard: build s, rise MB | shard / whole |", "|---|---|---:|---|---|---:|"]
     for r in results:
         big = max(r.shards, key=lambda i: i["rise"])
-        out.append(f"| {r.name} | `{r.factory}` | {r.whole['seconds']:.1f}, {mb(r.whole['rise'])} "
+        out.append(f"| {r.name} | `{r.factory}` | {mb(r.whole['bytes'])} ({r.whole['bytes'] / r.n:,.0f}) "
+                   f"| {r.whole['seconds']:.1f}, {mb(r.whole['rise'])} "
                    f"| {big['seconds']:.1f}, {mb(big['rise'])} | {big['rise'] / r.whole['rise']:.2f} |")
     if efc:
         out += ["", "### HNSW32's efConstruction (one shard of the recombined corpus)", "",
@@ -463,6 +553,21 @@ def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args
                 f"| {spread(z['hnsw']['batch'], '{:,.0f}')} "
                 f"| {spread(ratios(z['hnsw']['batch'], z['flat']['batch']), '{:.2f}')} "
                 f"| {spread(ratios(z['hnsw']['single'], z['flat']['single']), '{:.2f}')} |" for z in sizes]
+    return out
+
+
+def batch_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    cores = available_cores()
+    out = ["### FAISS threads by batch size (one shard of the recombined corpus)", "",
+           f"Raw FAISS searches of batches of the topical questions, one thread against {cores} "
+           "(`faiss.omp_set_num_threads`), interleaved per round; `ShardedIndex` gives a search one FAISS thread "
+           "per `QUERIES_PER_THREAD` queries.", "",
+           f"| index | batch | QPS, 1 thread | QPS, {cores} threads | {cores} threads / 1 |",
+           "|---|---:|---:|---:|---:|"]
+    out += [f"| {r['index']} | {r['nq']:,} | {spread(r['one'], '{:,.0f}')} | {spread(r['all'], '{:,.0f}')} "
+            f"| {spread(ratios(r['all'], r['one']), '{:.2f}')} |" for r in rows]
     return out
 
 
@@ -513,15 +618,16 @@ def goals(results: list[CorpusResult]) -> list[str]:
 
 
 def render(info: RunInfo, results: list[CorpusResult], calibration: list[dict], efc: list[dict],
-           sizes: list[dict], args, took: float) -> str:
+           sizes: list[dict], batches: list[dict], args, took: float) -> str:
     return "\n".join([
         "## Index: auto against exact search, one index against shards, on realistic passages", "",
         *info.markdown_header(),
         f"FAISS {faiss.__version__}, {available_cores()} cores, FAISS threads = cores unless a layout says "
-        f"otherwise; {args.queries:,} NQ-open dev questions; recall@10 against exact search (a found passage "
+        f"otherwise; {args.queries:,} topical questions (below); recall@10 against exact search (a found passage "
         f"counts when its exact inner product reaches the exact 10th best); the run took {took / 60:.1f} min.", "",
         "### Goals", "", *goals(results), "",
         *tables(results, efc, sizes, args), "", *calibration_table(calibration, args), "",
+        *batch_table(batches), "",
     ])
 
 
@@ -534,10 +640,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3, at least 3)")
     p.add_argument("--ef-constructions", help="HNSW32 efConstruction values tried (default 40,80,160,320)")
     p.add_argument("--sizes", help="prefix sizes for Flat against HNSW32 (default 5000,10000,20000,50000)")
-    p.add_argument("--cosines", default="1,0.5,0.4,0.3,0.25", help="tuning query cosines compared with questions")
+    p.add_argument("--cosines", default="1,0.6,0.5,0.45,0.4,0.3", help="tuning query cosines compared with questions")
+    p.add_argument("--batches", default="1,4,16,64,256,1024", help="batch sizes for FAISS threads against one")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
     args.cosines = [float(v) for v in args.cosines.split(",") if v.strip()]
+    args.batches = [int(v) for v in args.batches.split(",") if v.strip()]
     args.corpus = args.corpus or (20_000 if args.quick else 200_000)
     args.queries = args.queries or (500 if args.quick else 2_000)
     args.ef_constructions = [int(v) for v in (args.ef_constructions or ("40,80" if args.quick else "40,80,160,320"))
@@ -553,22 +661,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        info, paths, q_npys = pool.submit(_prepare, args.corpus, args.queries,
-                                          sys.argv if argv is None else ["bench/index_bench.py", *argv]).result()
-    questions = {name: np.load(path) for name, path in q_npys.items()}
-    xq = questions["nq"]
+        argv = sys.argv if argv is None else ["bench/index_bench.py", *argv]
+        info, paths, pool_npy, sets = pool.submit(_prepare, args.corpus, argv).result()
+    questions, sets = np.load(pool_npy), np.array(sets)
     faiss.omp_set_num_threads(available_cores())
-    results, efc, sizes, calibration = [], [], [], []
+    results, efc, sizes, calibration, batches = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="index-bench-") as tmp:
         for name, npy in paths.items():
             label = f"recombined ({args.corpus:,})" if name == "recombined" else "real sample"
-            results.append(measure_corpus(label, Path(npy), xq, args, Path(tmp)))
+            results.append(measure_corpus(label, Path(npy), questions, sets, args, Path(tmp)))
     if "recombined" in paths:
-        calibration = measure_tuning_queries(Path(paths["recombined"]), questions, args)
-        efc = measure_ef_construction(Path(paths["recombined"]), xq, args)
-        sizes = measure_sizes(Path(paths["recombined"]), xq, args)
+        asked = results[0].questions
+        calibration = measure_tuning_queries(Path(paths["recombined"]), asked, args)
+        efc = measure_ef_construction(Path(paths["recombined"]), asked["topical"], args)
+        sizes = measure_sizes(Path(paths["recombined"]), asked["topical"], args)
+        batches = measure_batch_threads(Path(paths["recombined"]), asked["topical"], args)
     info.finish()
-    text = render(info, results, calibration, efc, sizes, args, time.perf_counter() - started)
+    text = render(info, results, calibration, efc, sizes, batches, args, time.perf_counter() - started)
     print(text)
     if args.markdown:
         args.markdown.write_text(text, encoding="utf-8")

@@ -59,7 +59,6 @@ import pyarrow.parquet as pq  # noqa: E402
 CACHE = Path(__file__).resolve().parent / ".cache"
 SAMPLE = REPO.parent / "shared/data/wikipedia/enwiki-sample-pages-articles-multistream.xml.bz2"
 QA = REPO.parent / "shared/data/qa"
-QUESTIONS = QA / "nq_open/NQ-open.dev.jsonl"
 WORDS = 100  # words per passage, as DPR's windows
 CHUNK = 10_000  # passages per cached vector file
 MIN_SENTENCE_WORDS = 3  # shorter pieces are leftovers of lists and tables
@@ -224,24 +223,36 @@ def _progress(start: int, t0: float, done: int):
     return progress
 
 
-def read_questions(source: str, n: int) -> list[str]:
-    """The first ``n`` questions of ``nq`` (NQ-open dev) or ``webquestions`` (WebQuestions test)."""
-    if source == "nq":
-        with QUESTIONS.open() as f:
-            return [json.loads(line)["question"] for line, _ in zip(f, range(n))]
-    if source == "webquestions":
-        return [q["qText"] for q in json.loads((QA / "webquestions/main_test.json").read_text())[:n]]
-    raise ValueError(f"unknown question set {source!r}: use nq or webquestions")
+def question_pool() -> list[tuple[str, str]]:
+    """Every question (and FEVER claim) of ../shared/data/qa usable as a query: ``(set, text)``, in file order.
+
+    NQ-open dev and EfficientQA dev, WebQuestions (all splits), CuratedTREC
+    (both splits), FEVER dev claims: 23,203 queries, most of them about topics
+    the sample's 98 articles never mention.
+    """
+    pool = []
+    for name in ("NQ-open.dev.jsonl", "NQ-open.efficientqa.dev.1.1.jsonl"):
+        with (QA / "nq_open" / name).open() as f:
+            pool += [("nq", json.loads(line)["question"]) for line in f]
+    for name in ("main_trainmodel.json", "main_val.json", "main_test.json"):
+        pool += [("webquestions", q["qText"]) for q in json.loads((QA / "webquestions" / name).read_text())]
+    for name in ("large2180-train.tsv", "large2180-test.tsv"):
+        with (QA / "curatedtrec" / name).open() as f:
+            pool += [("curatedtrec", line.split("\t")[2]) for line in f if line.count("\t") >= 3]
+    with (QA / "fever/paper_dev.jsonl").open() as f:
+        pool += [("fever", json.loads(line)["claim"]) for line in f]
+    return pool
 
 
-def question_vectors(n: int, source: str = "nq") -> Path:
-    """The first ``n`` questions of ``source``, encoded like the passages (cached)."""
+def question_vectors() -> tuple[Path, list[str]]:
+    """The question pool encoded like the passages (cached), and the set of each row."""
     encoder = _encoder()
-    path = CACHE / f"{'nq-dev' if source == 'nq' else source}-{n}-{encoder.fingerprint_id}.npy"
+    pool = question_pool()
+    path = CACHE / f"questions-{len(pool)}-{encoder.fingerprint_id}.npy"
     if not path.exists():
         CACHE.mkdir(exist_ok=True)
-        np.save(path, encoder.encode_questions(read_questions(source, n)))
-    return path
+        np.save(path, encoder.encode_questions([text for _, text in pool]))
+    return path, [name for name, _ in pool]
 
 
 def sample_vectors() -> Path:

@@ -30,6 +30,7 @@ from rag_core.errors import WikiragError
 from rag_core.index.search import (
     Hit,
     QueryError,
+    batch_threads,
     check_dim,
     check_k,
     load_shard,
@@ -65,10 +66,11 @@ def load_shard_on_worker(store: Store, manifest: dict[str, Any], entry: dict[str
 def search_loaded_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int],
                         threads: int = 1) -> tuple[Any, Any, dict, int]:
     """Runs on a worker: one shard's top-k ``(distances, rows)``, each ``[q, k_s]``, the found rows' columns,
-    and the FAISS threads the search ran with (``threads``, set for this task's thread only)."""
+    and the FAISS threads the search ran with (at most ``threads``, fewer for a small batch; set for this
+    task's thread only)."""
     if params:
         set_search_params(shard.index, **params)
-    with omp_threads(threads) as used:
+    with omp_threads(batch_threads(len(x), threads)) as used:
         distances, rows = search_shard(shard.index, x, k)
     found = np.unique(rows[rows >= 0])
     picked = shard.passages.take(pa.array(found))

@@ -38,12 +38,12 @@ METRICS = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 FLAT_MAX_VECTORS = 10_000  # below this exact search is fast and a graph buys nothing
 EXACT_RECALL = 0.999  # a recall target at or above this asks for exact search
 HNSW_M = 32  # links per node: the RAG paper's HNSW32
-EF_CONSTRUCTION = 80  # HNSW build candidate list (FAISS's default is 40); measured in docs/benchmarks.md
+EF_CONSTRUCTION = 160  # HNSW build candidate list (FAISS's default is 40); measured in docs/benchmarks.md
 HNSW_EXTRA_BYTES = 16  # per vector: level, offsets and upper-level links (measured: 656 B for HNSW32_SQ8 at d=384)
 IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
 MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
-TUNE_QUERY_COSINE = 0.3  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
+TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
 
@@ -236,10 +236,15 @@ def build_tuned_shard(
     return index, report
 
 
-def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig,
-                         shard_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows, queries)`` that tuning searches in shard ``shard_id`` (:func:`rag_core.index.tuning.tuning_queries`)."""
-    return tuning_queries(vectors, config.tune_queries, config.tune_query_cosine, [config.seed, shard_id, TUNE_STREAM])
+def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig, shard_id: int = 0, *, n: int | None = None,
+                         stream: int = TUNE_STREAM) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, queries)``: held-out, question-like queries of shard ``shard_id`` (see
+    :func:`rag_core.index.tuning.tuning_queries`): ``config.tune_queries`` of them (or ``n``), seeded by
+    ``[config.seed, shard_id, stream]``. Tuning uses ``stream`` TUNE_STREAM; a recall gate measuring the
+    tuned index should draw its own with another stream, so that it does not grade tuning on its own queries.
+    """
+    return tuning_queries(vectors, config.tune_queries if n is None else n, config.tune_query_cosine,
+                          [config.seed, shard_id, stream])
 
 
 def as_matrix(vectors: Any, name: str) -> np.ndarray:

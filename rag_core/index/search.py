@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,6 +35,8 @@ from rag_core.index.faiss_index import METRICS, deserialize_index, sha256_hex
 from rag_core.index.tuning import apply_search_setting, set_search_params
 from rag_core.index.versions import INDEXES_DIR, CorruptShardError, read_manifest
 from rag_core.storage import Store
+
+QUERIES_PER_THREAD = 64  # a FAISS thread pays off from this many queries of a batch on (docs/benchmarks.md)
 
 
 class QueryError(WikiragError):
@@ -90,6 +93,16 @@ def omp_threads(threads: int) -> Iterator[int]:
 def available_cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def batch_threads(n_queries: int, threads: int) -> int:
+    """FAISS threads worth giving a search of ``n_queries``: at most one per QUERIES_PER_THREAD queries.
+
+    FAISS splits a batch between its threads; for a few queries the threads
+    mostly wait for each other, and on a busy machine far longer than the
+    search itself takes (measured in docs/benchmarks.md).
+    """
+    return max(1, min(threads, n_queries // QUERIES_PER_THREAD))
 
 
 def thread_plan(n_shards: int, cores: int, max_workers: int | None = None) -> tuple[int, int]:
@@ -151,7 +164,9 @@ class ShardedIndex:
     title/text when published). Shards are searched in a thread pool laid out
     by :func:`thread_plan` over ``threads`` cores (default: the cores this
     process may use); FAISS releases the GIL, so shards run in parallel.
-    ``faiss_threads`` records, per shard, the FAISS threads its last search ran with.
+    Each search runs FAISS with at most ``threads_per_search`` threads, fewer
+    for small batches (:func:`batch_threads`); ``faiss_threads`` records, per
+    shard, the FAISS threads its last search ran with.
     """
 
     def __init__(
@@ -182,6 +197,7 @@ class ShardedIndex:
                                                             max_workers)
         self.faiss_threads: list[int] = []
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._columns = [
             {c: table.column(c).combine_chunks() for c in ("passage_id", "title", "text") if c in table.column_names}
             for table in passages
@@ -218,16 +234,20 @@ class ShardedIndex:
         x = check_dim(query_vectors, self.dim)
         k = check_k(k)
 
+        threads = batch_threads(len(x), self.threads_per_search)
+
         def one(index: faiss.Index) -> tuple[np.ndarray, np.ndarray, int]:
-            with omp_threads(self.threads_per_search) as threads:
-                return (*search_shard(index, x, k), threads)
+            with omp_threads(threads) as threads_in_force:
+                return (*search_shard(index, x, k), threads_in_force)
 
         if self.workers <= 1:
             results = [one(index) for index in self.shards]
         else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shard-search")
-            results = list(self._pool.map(one, self.shards))
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shard-search")
+                pool = self._pool
+            results = list(pool.map(one, self.shards))
         self.faiss_threads = [t for _, _, t in results]
         larger_is_better = self.metric == "ip"
         scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k, larger_is_better)
@@ -235,9 +255,10 @@ class ShardedIndex:
 
     def close(self) -> None:
         """Stop the search threads (the shards stay usable; a later search starts them again)."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
 
     def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
         """For each query, up to k hits, best first."""

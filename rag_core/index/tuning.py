@@ -26,10 +26,12 @@ import faiss
 import numpy as np
 
 RECALL_K = 10  # recall@k that tuning and the gate measure
-# The values tried, cheapest first, ~1.4x apart (a query's cost grows with each)
-EF_SEARCH_LADDER = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-                 3072, 4096, 6144, 8192, 12288, 16384)
+# The values tried, cheapest first, ~1.2x apart (a query's cost grows with each; a step is a few ms of tuning)
+EF_SEARCH_LADDER = (10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
+                    448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048)
+NPROBE_LADDER = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
+                 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096,
+                 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
 
 
 def _faiss_metric(metric: str) -> int:

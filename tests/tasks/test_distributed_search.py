@@ -13,7 +13,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, build_tuned_shard, serialize_index
-from rag_core.index.search import QueryError, ShardedIndex, available_cores
+from rag_core.index.search import QUERIES_PER_THREAD, QueryError, ShardedIndex, available_cores
 from rag_core.index.versions import CorruptShardError, IndexVersionError, ShardPayload, publish_version
 from rag_core.storage import Store
 from tasks.distributed_search import DaskShardedIndex, place_shards, search_threads
@@ -132,10 +132,13 @@ def test_tuned_setting_applied_on_load_and_thread_limits_held(tmp_path: Path, co
         with DaskShardedIndex.load(wide, store, version) as remote:
             assert _ef_search_on_workers(wide, remote) == [20, 21, 22, 23]
             assert sorted(remote.holders()) == sorted(list(wide.scheduler_info()["workers"]) * 2)
-            got = remote.search_rows(queries, 10)
+            batch = np.tile(queries, (-(-per_shard * QUERIES_PER_THREAD // len(queries)), 1))  # enough queries
+            got = remote.search_rows(batch, 10)
             assert remote.faiss_threads == [per_shard] * 4  # faiss.omp_get_max_threads() inside each task
-            want = ShardedIndex.load(store, version).search_rows(queries, 10)
+            want = ShardedIndex.load(store, version).search_rows(batch, 10)
             assert np.array_equal(got[2], want[2]) and np.array_equal(got[1], want[1])
+            remote.search_rows(queries[:1], 10)
+            assert remote.faiss_threads == [1] * 4  # a single query: one thread
 
 
 def test_search_threads_share_each_workers_threads() -> None:

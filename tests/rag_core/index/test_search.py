@@ -18,7 +18,16 @@ from rag_core.index.faiss_index import (
     serialize_index,
     set_search_params,
 )
-from rag_core.index.search import Hit, QueryError, ShardedIndex, check_dim, merge_topk, thread_plan
+from rag_core.index.search import (
+    QUERIES_PER_THREAD,
+    Hit,
+    QueryError,
+    ShardedIndex,
+    batch_threads,
+    check_dim,
+    merge_topk,
+    thread_plan,
+)
 from rag_core.index.versions import (
     CorruptShardError,
     IndexVersionError,
@@ -138,8 +147,16 @@ def test_thread_plan_never_oversubscribes_the_cores() -> None:
             assert workers * threads <= cores and workers <= shards
 
 
+def test_batch_threads_follow_the_batch_size() -> None:
+    assert batch_threads(1, 8) == 1  # one query: FAISS's threads would only wait for each other
+    assert batch_threads(QUERIES_PER_THREAD - 1, 8) == 1
+    assert batch_threads(3 * QUERIES_PER_THREAD, 8) == 3
+    assert batch_threads(10**6, 8) == 8
+
+
 def test_search_threads_hold_inside_the_workers(corpus, hnsw_split) -> None:
-    _, queries, _ = corpus
+    _, few, _ = corpus
+    queries = np.tile(few, (4, 1))  # 200 queries: enough for 3 FAISS threads
     indexes, tables = hnsw_split
     before = faiss.omp_get_max_threads()
     layouts = {(None, 2): [1] * 4, (1, 2): [2] * 4, (None, 8): [2] * 4, (2, 6): [3] * 4}
@@ -148,6 +165,8 @@ def test_search_threads_hold_inside_the_workers(corpus, hnsw_split) -> None:
         sharded = ShardedIndex(indexes, tables, max_workers=max_workers, threads=threads)
         results.append(sharded.search_rows(queries, 10))
         assert sharded.faiss_threads == want  # read by faiss.omp_get_max_threads() in the searching thread
+        sharded.search_rows(queries[:1], 10)
+        assert sharded.faiss_threads == [1] * 4  # a single query runs on one thread
         sharded.close()
     assert faiss.omp_get_max_threads() == before  # the caller's own setting is left alone
     for got in results[1:]:  # the same results in every layout
