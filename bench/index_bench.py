@@ -467,6 +467,10 @@ def setting(value) -> str:
 
 
 def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args) -> list[str]:
+    return (corpus_tables(results, args) if results else []) + sweep_tables(efc, sizes)
+
+
+def corpus_tables(results: list[CorpusResult], args) -> list[str]:
     out = ["### Corpora and questions", "",
            f"Questions: the {args.queries:,} of the {results[0].stats['questions']['pool']:,} in ../shared/data/qa "
            "(NQ-open dev and EfficientQA, WebQuestions, CuratedTREC, FEVER dev claims) closest to some passage "
@@ -537,6 +541,11 @@ def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args
         out.append(f"| {r.name} | `{r.factory}` | {mb(r.whole['bytes'])} ({r.whole['bytes'] / r.n:,.0f}) "
                    f"| {r.whole['seconds']:.1f}, {mb(r.whole['rise'])} "
                    f"| {big['seconds']:.1f}, {mb(big['rise'])} | {big['rise'] / r.whole['rise']:.2f} |")
+    return out
+
+
+def sweep_tables(efc: list[dict], sizes: list[dict]) -> list[str]:
+    out = []
     if efc:
         out += ["", "### HNSW32's efConstruction (one shard of the recombined corpus)", "",
                 "| efConstruction | build s | efSearch stored (held-out recall) | recall@10 at it, questions "
@@ -625,7 +634,7 @@ def render(info: RunInfo, results: list[CorpusResult], calibration: list[dict], 
         f"FAISS {faiss.__version__}, {available_cores()} cores, FAISS threads = cores unless a layout says "
         f"otherwise; {args.queries:,} topical questions (below); recall@10 against exact search (a found passage "
         f"counts when its exact inner product reaches the exact 10th best); the run took {took / 60:.1f} min.", "",
-        "### Goals", "", *goals(results), "",
+        *(["### Goals", "", *goals(results), ""] if results else []),
         *tables(results, efc, sizes, args), "", *calibration_table(calibration, args), "",
         *batch_table(batches), "",
     ])
@@ -642,6 +651,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", help="prefix sizes for Flat against HNSW32 (default 5000,10000,20000,50000)")
     p.add_argument("--cosines", default="1,0.6,0.5,0.45,0.4,0.3", help="tuning query cosines compared with questions")
     p.add_argument("--batches", default="1,4,16,64,256,1024", help="batch sizes for FAISS threads against one")
+    p.add_argument("--part", choices=("all", "main", "sweeps"), default="all",
+                   help="main: the corpora's goal tables; sweeps: tuning queries, efConstruction, sizes, threads")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
     args.cosines = [float(v) for v in args.cosines.split(",") if v.strip()]
@@ -667,11 +678,13 @@ def main(argv: list[str] | None = None) -> None:
     faiss.omp_set_num_threads(available_cores())
     results, efc, sizes, calibration, batches = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="index-bench-") as tmp:
-        for name, npy in paths.items():
+        for name, npy in paths.items() if args.part != "sweeps" else ():
             label = f"recombined ({args.corpus:,})" if name == "recombined" else "real sample"
             results.append(measure_corpus(label, Path(npy), questions, sets, args, Path(tmp)))
-    if "recombined" in paths:
-        asked = results[0].questions
+    if "recombined" in paths and args.part != "main":
+        xb = np.load(paths["recombined"], mmap_mode="r")
+        asked = question_sets(np.ascontiguousarray(xb), questions, sets, args.queries)[0]
+        del xb
         calibration = measure_tuning_queries(Path(paths["recombined"]), asked, args)
         efc = measure_ef_construction(Path(paths["recombined"]), asked["topical"], args)
         sizes = measure_sizes(Path(paths["recombined"]), asked["topical"], args)
