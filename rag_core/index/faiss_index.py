@@ -29,6 +29,7 @@ from rag_core.index.tuning import (  # noqa: F401  (set_search_params, heldout_r
     apply_search_setting,
     heldout_recall,
     hnsw_of,
+    search_ladder,
     set_search_params,
     tune_search,
     tuning_queries,
@@ -191,14 +192,15 @@ def build_tuned_shard(
     ``meta``, from which search applies it (:func:`apply_search_setting`).
     ``total_vectors`` (the whole index) lets ``auto`` size the index family for
     the whole and the IVF lists for this shard. An empty shard gives an empty
-    Flat index. Training is deterministic; HNSW graphs, built by several
+    Flat index. A Flat index (or any other without a search parameter) is
+    exact: it is not tuned, and its report is ``{"factory": ...}`` alone. Training is deterministic; HNSW graphs, built by several
     threads, may differ slightly from run to run.
     """
     x = as_matrix(vectors, "vectors")
     n, dim = x.shape
     metric = METRICS[config.metric]
     if n == 0:
-        return faiss.IndexFlat(dim, metric), {"factory": "Flat", "search": {}}
+        return faiss.IndexFlat(dim, metric), {"factory": "Flat"}
     train = x if train_vectors is None else as_matrix(train_vectors, "train_vectors")
     if train.shape[1] != dim:
         raise IndexBuildError(
@@ -227,6 +229,8 @@ def build_tuned_shard(
     if hnsw is not None:
         hnsw.efConstruction = config.ef_construction  # read by add(): too late to change afterwards
     index.add(x)
+    if search_ladder(index)[0] is None:  # Flat (and other exhaustive indexes): exact already, nothing to tune
+        return index, {"factory": factory}
     rows, queries = shard_tuning_queries(x, config, shard_id)
     report = {"factory": factory, **tune_search(index, x, rows, queries, recall_target=config.recall_target,
                                                  metric=config.metric, ef_search=config.ef_search,

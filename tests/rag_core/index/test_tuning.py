@@ -109,7 +109,7 @@ def test_a_fixed_or_unreachable_setting_is_measured_and_reported(overlapping) ->
     assert report["recall_at_10"] < fixed.recall_target  # too narrow here; a recall gate would refuse it
     assert faiss.downcast_index(index).hnsw.efSearch == 10
     _, flat = build_tuned_shard(base, IndexConfig(factory="Flat", tune_queries=300))
-    assert flat["search"] == {} and flat["recall_at_10"] == 1.0 and flat["tried"] == {}
+    assert flat == {"factory": "Flat"}  # exact: nothing to tune, nothing for search to apply
 
 
 def test_apply_search_setting_sets_what_the_manifest_stores(overlapping) -> None:
