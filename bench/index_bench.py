@@ -53,7 +53,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 import faiss  # noqa: E402
 import pyarrow as pa  # noqa: E402
-
 from report import RunInfo, spread  # noqa: E402
 
 from rag_core.index.embeddings import shard_bounds  # noqa: E402
@@ -64,6 +63,7 @@ from rag_core.index.faiss_index import (  # noqa: E402
     ivf_lists,
     serialize_index,
 )
+from rag_core.index.search import ShardedIndex, available_cores  # noqa: E402
 from rag_core.index.tuning import (  # noqa: E402
     EF_SEARCH_LADDER,
     apply_search_setting,
@@ -72,7 +72,6 @@ from rag_core.index.tuning import (  # noqa: E402
     tune_search,
     tuning_queries,
 )
-from rag_core.index.search import ShardedIndex, available_cores  # noqa: E402
 
 K = 10
 TARGET = 0.95  # recall@10 on the questions

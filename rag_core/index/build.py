@@ -39,9 +39,9 @@ from rag_core.index.embeddings import (
 )
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
 from rag_core.index.faiss_index import IndexConfig, build_tuned_shard, serialize_index
-from rag_core.index.tuning import RECALL_K, heldout_recall
 from rag_core.index.manifest import ShardEntry
 from rag_core.index.retention import delete_version
+from rag_core.index.tuning import RECALL_K, heldout_recall
 from rag_core.index.versions import (
     INDEXES_DIR,
     PLAN,

@@ -193,8 +193,9 @@ def build_tuned_shard(
     ``total_vectors`` (the whole index) lets ``auto`` size the index family for
     the whole and the IVF lists for this shard. An empty shard gives an empty
     Flat index. A Flat index (or any other without a search parameter) is
-    exact: it is not tuned, and its report is ``{"factory": ...}`` alone. Training is deterministic; HNSW graphs, built by several
-    threads, may differ slightly from run to run.
+    exact: it is not tuned, and its report is ``{"factory": ...}`` alone.
+    Training is deterministic; HNSW graphs, built by several threads, may
+    differ slightly from run to run.
     """
     x = as_matrix(vectors, "vectors")
     n, dim = x.shape
