@@ -150,6 +150,8 @@ def build(npy: Path, start: int, stop: int, config: IndexConfig, total: int, sha
     index = deserialize_index(out.read_bytes())
     out.unlink()
     apply_search_setting(index, info["report"])  # as load_shard does with the manifest's meta
+    info["report"].setdefault("search", {})  # Flat: exact and untuned, its report names the factory alone
+    info["report"].setdefault("recall_at_10", 1.0)
     log(f"  built rows {start:,}-{stop:,}: {info['report']['factory']} in {info['seconds']:.1f} s, "
         f"{info['report']['search']} (held-out recall {info['report']['recall_at_10']:.3f})")
     return index, info
