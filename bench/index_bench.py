@@ -1,522 +1,697 @@
-"""The index stage side by side: Flat (exact) vs HNSW32 vs IVF-PQ vs ``auto``, one index vs four shards.
+"""The index stage on realistic passages: the index ``auto`` picks against exact search, one index against shards.
 
 Why: the index must answer top-10 queries much faster than exact search while
-finding what exact search finds, and sharding (one FAISS index per passage
-shard, searched together) must cost neither query speed nor build memory.  On
-the same vectors, queries and cores, one run measures each index built by
-``build_shard_index`` (build seconds, bytes, peak RSS of a fresh build process
-that reads only its rows; recall@10 and QPS over a sweep of efSearch / nprobe,
-reporting the cheapest setting that reaches the target), four contiguous shards
-searched by ``ShardedIndex`` at the same recall, and HNSW32 over the originals
-of the generator's repeated texts.
+finding what exact search finds, at the search setting tuned when the shard
+was built (``build_tuned_shard``); sharding must cost neither query speed nor
+build memory, and searching shards must not oversubscribe the cores.
 
-Vectors: passages of a ``bench/make_dump.py`` dump (the real sample's 106
-articles cycled, copy k titled "(copy k)"), encoded by ``Encoder.load()``
-(all-MiniLM-L6-v2, bf16, 384-d, normalised, inner product), cached in
-``bench/.cache/``.  Queries: NQ-open dev questions.  Copies make near-ties, so
-two recalls: **set** = |found & exact top-10| / 10; **threshold**
-(ann-benchmarks) counts a found item whose exact inner product is >= the exact
-10th-best - ``--eps``.  Goals use the threshold one.
+Corpora (rows): the recombined corpus of ``bench/make_corpus.py`` (default
+200,000 distinct 100-word passages of real Wikipedia sentences) and the real
+sample's own 4,391 passages. Vectors: the packaged all-MiniLM-L6-v2 at
+``choose_precision("auto")``, cached in ``bench/.cache/``. Questions: of the
+23,203 in ../shared/data/qa (NQ-open, EfficientQA, WebQuestions, CuratedTREC,
+FEVER claims), the ``--queries`` closest to the corpus ("topical": a corpus of
+98 articles' topics leaves most questions without a relevant passage, full
+Wikipedia does not), and the first NQ-open dev questions as they come
+("NQ-open", mostly off-topic here: a stress case). Recall@10 against exact
+search (ann-benchmarks' definition: a found passage counts when its exact
+inner product is at least the exact 10th best).
 
-    python bench/index_bench.py --quick                      # 1,000-page dump (~21k vectors), smoke test
-    python bench/index_bench.py --markdown /tmp/index.md     # 5,000-page dump (~107k vectors)
+One run measures, on the same vectors, queries and cores:
+
+* builds, each in a fresh process that reads only its rows: the whole index
+  and each of ``--shards`` contiguous shards, ``IndexConfig()`` (auto) sized
+  for the whole; seconds, bytes, peak-RSS rise, the setting tuning stored;
+* searches, ``--repeats`` rounds, every contender timed once per round, so
+  ratios are per round (min / median / max): exact (``IndexFlatIP``), one
+  index and the shards (``ShardedIndex``) at their stored settings and at the
+  cheapest common setting reaching recall 0.95 on the questions (equal
+  recall), in three thread layouts, whole batches and one query per call;
+* on the recombined corpus also: the setting tuning picks at several query
+  cosines against the settings the questions need, HNSW32's efConstruction on
+  one shard, and Flat against HNSW32 on prefixes of growing size.
+
+    python bench/make_corpus.py --passages 20000        # once: the --quick corpus (a few minutes)
+    python bench/index_bench.py --quick                 # 20,000 passages, 500 questions, smoke test
+    python bench/index_bench.py --markdown /tmp/index.md    # 200,000 passages (after make_corpus.py)
 """
 
 from __future__ import annotations
 
 import argparse
-import bz2
-import dataclasses
-import json
 import multiprocessing
-import os
-import re
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
 import faiss  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from report import RunInfo, spread  # noqa: E402
 
 from rag_core.index.embeddings import shard_bounds  # noqa: E402
-from rag_core.index.faiss_index import (  # noqa: E402  # noqa: E402
+from rag_core.index.faiss_index import (  # noqa: E402
     IndexConfig,
-    build_shard_index,
+    build_tuned_shard,
     deserialize_index,
     ivf_lists,
     serialize_index,
-    set_search_params,
 )
-from rag_core.index.search import ShardedIndex  # noqa: E402
+from rag_core.index.search import ShardedIndex, available_cores  # noqa: E402
+from rag_core.index.tuning import (  # noqa: E402
+    EF_SEARCH_LADDER,
+    apply_search_setting,
+    search_ladder,
+    set_search_params,
+    tune_search,
+    tuning_queries,
+)
 
-CACHE = Path(__file__).resolve().parent / ".cache"
-QUESTIONS = REPO.parent / "shared/data/qa/nq_open/NQ-open.dev.jsonl"
-K, THREADS, SHARDS = 10, 2, 4
-SINGLE = 200  # queries searched one per call, at the tuned setting
-TARGET = 0.95  # recall@10 (threshold definition) a tuned setting must reach
-GOAL_SPEEDUP = 5.0  # QPS over exact search at the target
-GOAL_SHARDED = 0.9  # sharded QPS over one index's, both at the target
-GOAL_SHARD_MEMORY = 0.4  # a shard's build memory rise over the whole index's: 1/4 plus slack
-EF_SWEEP = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-NPROBE_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+K = 10
+TARGET = 0.95  # recall@10 on the questions
+SINGLE = 200  # questions searched one per call
+GOAL_SPEEDUP = 5.0  # auto's QPS over exact search, at recall >= TARGET
+GOAL_SHARDED = 0.9  # the shards' QPS over one index's, at equal recall
+GOAL_SHARD_MEMORY = 0.3  # the largest shard's build-memory rise over the whole index's
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# -- inputs: passage vectors and question vectors, cached -------------------------------------------
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
 
 
-def passage_vectors(dump: Path, encoder) -> tuple[Path, dict]:
-    """(float32 [n, d] .npy, metadata with passage ids); encodes only what no cached file holds.
-
-    A smaller dump is a prefix of a larger one (same seed): the longest common
-    prefix of passage ids with any cached file is reused, in either direction.
-    """
-    from rag_core.wiki.dumps import DumpSource, iter_pages
-    from rag_core.wiki.passages import passages_from_pages
-
-    stem = CACHE / f"index-bench-{dump.name.split('-pages-')[0]}-{encoder.fingerprint_id}"
-    npy, meta_path = stem.with_suffix(".npy"), stem.with_suffix(".json")
-    if npy.exists() and meta_path.exists():
-        return npy, json.loads(meta_path.read_text())
-    passages = passages_from_pages(iter_pages(DumpSource(str(dump))))[0]
-    ids, titles, texts = (passages.column(c).to_pylist() for c in ("passage_id", "title", "text"))
-    vectors, reused = np.empty((len(ids), encoder.dim), np.float32), 0
-    for other in CACHE.glob(f"index-bench-*-{encoder.fingerprint_id}.json"):
-        other_ids = json.loads(other.read_text())["ids"]
-        n = next((i for i, (a, b) in enumerate(zip(ids, other_ids)) if a != b), min(len(ids), len(other_ids)))
-        if n > reused:
-            vectors[:n], reused = np.load(other.with_suffix(".npy"), mmap_mode="r")[:n], n
-    log(f"{dump.name}: encoding {len(ids) - reused:,} of {len(ids):,} passages (~80/s on 2 idle cores)")
-    t0, done = time.perf_counter(), [0]
-
-    def progress(n: int) -> None:
-        done[0] += n
-        if done[0] % 5000 < n:
-            log(f"  {done[0]:,} in {time.perf_counter() - t0:.0f} s")
-
-    vectors[reused:] = encoder.encode_passages(titles[reused:], texts[reused:], progress)
-    meta = {"dump": dump.name, "fingerprint": encoder.fingerprint, "ids": ids, "distinct_texts": len(set(texts))}
-    np.save(npy, vectors)
-    meta_path.write_text(json.dumps(meta))
-    return npy, meta
+# -- inputs (encoded in a child process: torch never loads where FAISS is timed) -------------------
 
 
-def original_rows(dump: Path, ids: list[str]) -> int:
-    """How many leading passages come from the dump's originals (titles without "(copy k)")."""
-    index = dump.with_name(dump.name.replace("multistream.xml.bz2", "multistream-index.txt.bz2"))
-    lines = bz2.decompress(index.read_bytes()).decode("utf-8").splitlines()
-    copies = {line.split(":", 2)[1] for line in lines if re.search(r" \(copy \d+\)$", line)}
-    return next((i for i, pid in enumerate(ids) if pid.split("-")[0] in copies), len(ids))
+def _prepare(corpus: int, argv: list[str]) -> tuple[RunInfo, dict[str, str], str, list[str]]:
+    import make_corpus
+
+    info = RunInfo.start(argv)
+    paths = {}
+    recombined = make_corpus.corpus_vectors(corpus)
+    if recombined is None:
+        log(f"no vectors of a {corpus:,}-passage corpus in {make_corpus.corpus_dir(corpus)}: run "
+            f"`python bench/make_corpus.py --passages {corpus}` first; measuring the sample only")
+    else:
+        paths["recombined"] = str(recombined)
+    paths["sample"] = str(make_corpus.sample_vectors())
+    pool, sets = make_corpus.question_vectors()
+    return info, paths, str(pool), sets
 
 
-def question_vectors(encoder, n: int) -> Path:
-    """The first ``n`` NQ-open dev questions, encoded (cached)."""
-    path = CACHE / f"index-bench-nq-dev-{n}-{encoder.fingerprint_id}.npy"
-    if not path.exists():
-        with QUESTIONS.open() as f:
-            np.save(path, encoder.encode_questions([json.loads(line)["question"] for line, _ in zip(f, range(n))]))
-    return path
+def question_sets(xb: np.ndarray, pool: np.ndarray, sets: np.ndarray, n: int) -> tuple[dict[str, np.ndarray], dict]:
+    """``topical``: the ``n`` pool questions closest to any passage of ``xb`` (in pool order); ``NQ-open``: the
+    first ``n`` NQ-open dev questions, most of them about topics the corpus lacks. And what was picked."""
+    best, _ = faiss.knn(pool, xb, 1, metric=faiss.METRIC_INNER_PRODUCT)
+    topical = np.sort(np.argsort(-best[:, 0], kind="stable")[:n])
+    nq = np.flatnonzero(sets == "nq")[:n]
+    picked = {name: int((sets[topical] == name).sum()) for name in dict.fromkeys(sets)}
+    return ({"topical": pool[topical], "NQ-open": pool[nq]},
+            {"pool": len(pool), "threshold": float(best[topical, 0].min()), "picked": picked})
 
 
-def _prepare_in_child(pages: int, queries: int) -> tuple[str, dict, str]:
-    """Vectors of passages and questions, in a child process: torch never loads where we search."""
-    from ingest_bench import prepare_dumps  # generates the dump once into bench/.cache
-
-    from rag_core.index.encoders import Encoder
-
-    encoder, dump = Encoder.load(), prepare_dumps(pages, [], CACHE)[pages].path
-    npy, meta = passage_vectors(dump, encoder)
-    meta = {k: v for k, v in meta.items() if k != "ids"} | {"originals": original_rows(dump, meta["ids"])}
-    return str(npy), meta, str(question_vectors(encoder, queries))
-
-
-# -- building: a fresh process per index or shard ---------------------------------------------------
+# -- builds: a fresh process per index or shard ------------------------------------------------------
 
 
 def _status(key: str) -> int:  # bytes of a /proc/self/status line (VmRSS, VmHWM)
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
 
 
-def _build_in_child(npy: str, start: int, stop: int, config: dict, total: int, out: str) -> dict:
-    """Read rows [start, stop), build, serialise to ``out``; seconds, bytes, peak and starting RSS."""
-    faiss.omp_set_num_threads(THREADS)
+def _build_in_child(npy: str, start: int, stop: int, config: dict, total: int, shard: int, out: str) -> dict:
+    """Read rows [start, stop), build and tune, serialise to ``out``; seconds, peak-RSS rise, the report."""
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) that the imports left
     base = _status("VmRSS")
-    header = np.load(npy, mmap_mode="r")  # shape and data offset only: no page of it is read
+    header = np.load(npy, mmap_mode="r")  # shape and data offset only
     d = header.shape[1]
     x = np.fromfile(npy, np.float32, (stop - start) * d, offset=header.offset + start * d * 4).reshape(-1, d)
-    cfg = IndexConfig(**config)
     t0 = time.perf_counter()
-    index = build_shard_index(x, cfg, total_vectors=total)
+    index, report = build_tuned_shard(x, IndexConfig(**config), total_vectors=total, shard_id=shard)
     seconds = time.perf_counter() - t0
     data = serialize_index(index)
     Path(out).write_bytes(data)
-    return {"seconds": seconds, "bytes": len(data), "peak": _status("VmHWM"), "base": base,
-            "factory": cfg.resolve_factory(stop - start, d, total_vectors=total)}
+    return {"seconds": seconds, "rise": _status("VmHWM") - base, "bytes": len(data), "report": report}
 
 
-def build(npy: Path, start: int, stop: int, config: IndexConfig, total: int, work: Path) -> tuple[bytes, dict]:
+def build(npy: Path, start: int, stop: int, config: IndexConfig, total: int, shard: int,
+          work: Path) -> tuple[faiss.Index, dict]:
     out = work / f"{start}-{stop}.faiss"
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        info = pool.submit(_build_in_child, str(npy), start, stop, config.model_dump(), total, str(out)).result()
-    data = out.read_bytes()
+        info = pool.submit(_build_in_child, str(npy), start, stop, config.model_dump(), total, shard,
+                           str(out)).result()
+    index = deserialize_index(out.read_bytes())
     out.unlink()
-    return data, info
+    apply_search_setting(index, info["report"])  # as load_shard does with the manifest's meta
+    info["report"].setdefault("search", {})  # Flat: exact and untuned, its report names the factory alone
+    info["report"].setdefault("recall_at_10", 1.0)
+    log(f"  built rows {start:,}-{stop:,}: {info['report']['factory']} in {info['seconds']:.1f} s, "
+        f"{info['report']['search']} (held-out recall {info['report']['recall_at_10']:.3f})")
+    return index, info
 
 
-# -- searching: recall both ways, QPS, sweeps --------------------------------------------------------
-
-
-@dataclass
-class Point:
-    param: str  # "efSearch=64", "nprobe=16", "saved" or "exact"
-    recall: float  # threshold definition
-    recall_set: float
-    qps: float  # wall clock
-    cpu_qps: float  # queries per CPU-second of this process (all threads): steadier on a shared machine
-
-
-@dataclass
-class Row:
-    label: str
-    factory: str
-    saved: Point  # with the nprobe/efSearch that build_shard_index saved
-    points: list[Point]  # the sweep
-    load1: float  # 1-min load average when the sweep ended
-    target: float = TARGET  # the recall@10 that "tuned" aims at
-    qps1: float = 0.0  # at the tuned setting, one query per search call (a server answering one question)
-    build: dict = dataclasses.field(default_factory=dict)  # seconds, bytes, peak, base (sharded: largest shard)
-    same_as: str = ""
-
-    @property
-    def tuned(self) -> Point:
-        """The cheapest setting reaching the target (the most accurate one when none does)."""
-        return next((p for p in self.points if p.recall >= self.target), max(self.points, key=lambda p: p.recall))
+# -- recall and timing ---------------------------------------------------------------------------------
 
 
 @dataclass
 class Truth:
-    xb: np.ndarray  # [n, d] base vectors
-    xq: np.ndarray  # [q, d] queries
-    rows: np.ndarray  # [q, K] exact top-K rows
-    kth: np.ndarray  # [q] exact K-th best inner product
-    eps: float
+    xb: np.ndarray  # [n, d]
+    xq: np.ndarray  # [q, d]
+    kth: np.ndarray  # [q] exact 10th-best inner product
 
     @classmethod
-    def exact(cls, xb: np.ndarray, xq: np.ndarray, eps: float) -> Truth:
-        flat = faiss.IndexFlatIP(xb.shape[1])
-        flat.add(xb)
-        scores, rows = flat.search(xq, K)
-        return cls(xb, xq, rows, scores[:, -1], eps)
+    def exact(cls, xb: np.ndarray, xq: np.ndarray) -> Truth:
+        scores, _ = faiss.knn(xq, xb, K, metric=faiss.METRIC_INNER_PRODUCT)
+        return cls(xb, xq, scores[:, -1].astype(np.float64))
 
-    def ties(self) -> float:
-        """Mean number of base vectors within eps of a query's K-th best score."""
-        return sum(int((self.xq[i:i + 256] @ self.xb.T >= self.kth[i:i + 256, None] - self.eps).sum())
-                   for i in range(0, len(self.xq), 256)) / len(self.xq)
-
-    def recall(self, found: np.ndarray) -> tuple[float, float]:
-        """(threshold recall, set recall) of found rows ``[q, K]`` (-1 where none)."""
+    def recall(self, found: np.ndarray) -> float:
+        """Share of found rows ``[q, K]`` whose exact score reaches the exact 10th best (-1: missing)."""
         ok = found >= 0
-        exact = np.einsum("qd,qkd->qk", self.xq, self.xb[np.where(ok, found, 0)])  # [q, K] exact scores
-        hit = ok & (exact >= self.kth[:, None] - self.eps)
-        in_set = ok & (found[:, :, None] == self.rows[:, None, :]).any(-1)  # [q, K]
-        return float(hit.sum() / found.size), float(in_set.sum() / found.size)
+        exact = np.einsum("qd,qkd->qk", self.xq, self.xb[np.where(ok, found, 0)], dtype=np.float64)
+        return float((ok & (exact >= self.kth[:, None] - 1e-5)).sum() / found.size)
 
 
-def knob(index: faiss.Index) -> list[str]:
-    """The sweep of the index's search-time parameter (none for Flat)."""
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        return [f"nprobe={p}" for p in NPROBE_SWEEP if p <= ivf.nlist]
-    return [f"efSearch={e}" for e in EF_SWEEP] if isinstance(index, faiss.IndexHNSW) else []
+class Searcher:
+    """One contender: a search function over query batches returning global rows ``[q, K]``."""
+
+    def __init__(self, label: str, search, set_param=None) -> None:
+        self.label, self.search, self.set_param = label, search, set_param
+
+    def qps(self, xq: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        self.search(xq)
+        return len(xq) / (time.perf_counter() - t0)
+
+    def qps_single(self, xq: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        for q in xq[:SINGLE]:
+            self.search(q[None])
+        return min(SINGLE, len(xq)) / (time.perf_counter() - t0)
 
 
-def sweep(label: str, factory: str, search, set_param, params: list[str], truth: Truth, repeats: int,
-          target: float = TARGET) -> Row:
-    """Saved setting first, then ``params`` until recall reaches 0.99; QPS is the best of ``repeats``."""
-    search(truth.xq[:100])  # warm up thread pools and caches
-    points = []
-    for param in ["saved", *params]:
-        if param != "saved":
-            set_param(param.split("=")[0], int(param.split("=")[1]))
-        best, best_cpu = float("inf"), float("inf")
-        for _ in range(repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            found = search(truth.xq)
-            best, best_cpu = min(best, time.perf_counter() - t0), min(best_cpu, time.process_time() - c0)
-        points.append(Point(param if params else "exact", *truth.recall(found), len(found) / best,
-                            len(found) / best_cpu))
-        if param != "saved" and points[-1].recall >= 0.99:
-            break
-    row = Row(label, factory, points[0], points[1:] or points, os.getloadavg()[0], target)
-    if params:
-        set_param(row.tuned.param.split("=")[0], int(row.tuned.param.split("=")[1]))
-    t0 = time.perf_counter()
-    for q in truth.xq[:SINGLE]:
-        search(q[None])
-    row.qps1 = min(SINGLE, len(truth.xq)) / (time.perf_counter() - t0)
-    log(f"{label} ({factory}): " + ", ".join(f"{p.param} {p.recall:.3f}/{p.recall_set:.3f} {p.qps:,.0f} QPS"
-                                             for p in points) + f"; one query per call {row.qps1:,.0f} QPS")
-    return row
+def one_index(label: str, index: faiss.Index) -> Searcher:
+    """One index searched as a one-shard ``ShardedIndex``: the library's thread rules, as a user gets them."""
+    return sharded(label, [index], np.array([0]))
 
 
-def numpy_exact(xb: np.ndarray):
-    """Exact top-K by numpy (its own BLAS): a reference for FAISS's Flat, not a rag_core path."""
+def sharded(label: str, shards: list[faiss.Index], offsets: np.ndarray, **layout) -> Searcher:
+    tables = [pa.table({"passage_id": pa.array(np.arange(i.ntotal).astype(str))}) for i in shards]
+    index = ShardedIndex(shards, tables, **layout)
+    name = search_ladder(shards[0])[0] or "efSearch"
+
     def search(xq: np.ndarray) -> np.ndarray:
-        return np.concatenate([np.argpartition(-(xq[i:i + 512] @ xb.T), K, axis=1)[:, :K]
-                               for i in range(0, len(xq), 512)])
-    return search
+        _, shard, row = index.search_rows(xq, K)
+        return np.where(row >= 0, offsets[shard] + row, -1)
+
+    def set_param(value: int) -> None:
+        for shard in shards:
+            set_search_params(shard, **{name: value})
+
+    searcher = Searcher(label, search, set_param)
+    searcher.layout = f"{index.workers} x {index.threads_per_search}"
+    return searcher
 
 
-def measure_index(label: str, config: IndexConfig, npy: Path, truth: Truth, work: Path, repeats: int) -> Row:
-    """The whole index built in one process, then swept."""
-    data, info = build(npy, 0, len(truth.xb), config, len(truth.xb), work)
-    index = deserialize_index(data)
-    row = sweep(label, info["factory"], lambda xq: index.search(xq, K)[1],
-                lambda name, v: set_search_params(index, **{name: v}), knob(index), truth, repeats)
-    return dataclasses.replace(row, build=info)
+def cheapest(searcher: Searcher, truth: Truth, ladder=EF_SEARCH_LADDER) -> tuple[int | None, float]:
+    """The cheapest value of the ladder reaching TARGET on the questions (the best one when none does)."""
+    tried = {}
+    for value in ladder:
+        searcher.set_param(value)
+        tried[value] = truth.recall(searcher.search(truth.xq))
+        if tried[value] >= TARGET:
+            return value, tried[value]
+    best = max(tried, key=tried.get)
+    searcher.set_param(best)
+    return best, tried[best]
 
 
-def measure_sharded(factory: str, npy: Path, truth: Truth, work: Path, repeats: int, target: float) -> list[Row]:
-    """SHARDS contiguous shards, a build process each, searched by ShardedIndex (default threads, then 1)."""
-    n = len(truth.xb)
-    bounds = [shard_bounds(n, s, SHARDS) for s in range(SHARDS)]
-    built = [build(npy, a, b, IndexConfig(factory=factory), n, work) for a, b in bounds]
-    infos = [info for _, info in built]
-    largest = max(infos, key=lambda i: i["peak"] - i["base"])
-    summary = {**largest, "seconds": sum(i["seconds"] for i in infos), "bytes": sum(i["bytes"] for i in infos)}
-    tables = [pa.table({"passage_id": pa.array([str(i) for i in range(a, b)])}) for a, b in bounds]
-    offsets = np.array([a for a, _ in bounds])
-    rows = []
-    for workers in (None, 1):  # fresh copies of the shards, so that each starts from the saved settings
-        sharded = ShardedIndex([deserialize_index(data) for data, _ in built], tables, max_workers=workers)
-
-        def search(xq: np.ndarray) -> np.ndarray:
-            _, shard, row = sharded.search_rows(xq, K)
-            return np.where(row >= 0, offsets[shard] + row, -1)
-
-        def set_param(name: str, value: int) -> None:
-            sharded.set_search_params(**{"nprobe" if name == "nprobe" else "ef_search": value})
-
-        label = f"{SHARDS} shards, ShardedIndex" + (" (max_workers=1)" if workers else "")
-        row = sweep(label, factory, search, set_param, knob(sharded.shards[0]), truth, repeats, target)
-        rows.append(dataclasses.replace(row, build=summary))
-    return rows
-
-
-# -- report -------------------------------------------------------------------------------------------
-
-
-def mb(info: dict) -> str:
-    """Peak RSS of a build and, in brackets, its rise above the process's RSS before reading rows (MB)."""
-    return f"{info['peak'] / 1e6:,.0f} ({(info['peak'] - info['base']) / 1e6:,.0f})"
-
-
-def speed(p: Point, ref: Point) -> str:
-    """Two cells: wall-clock QPS and queries per CPU-second, each with its ratio to ``ref``."""
-    return f"{p.qps:,.0f} ({p.qps / ref.qps:.2f}x) | {p.cpu_qps:,.0f} ({p.cpu_qps / ref.cpu_qps:.2f}x)"
-
-
-def point_cells(p: Point) -> str:
-    return f"{p.param} | {p.recall:.3f} | {p.recall_set:.3f}"
-
-
-def tables(rows: list[Row], sharded: list[Row], originals: Row, n: int, n0: int, copies: float) -> dict[str, list[str]]:
-    single = {r.factory: r for r in rows if not r.same_as}
-    exact, out = single["Flat"].tuned, {}
-    head = "tuned setting | recall@10 threshold | recall@10 set"
-    out["indexes"] = [f"| index | factory | build s | index MB | bytes/vector | build peak RSS MB (rise) | {head} "
-                      "| QPS (x exact) | QPS per CPU-s (x exact) | QPS, 1 query per call | saved setting: recall, QPS "
-                      "| load1 |", "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
-    out["indexes"] += [f"| {r.label} {r.same_as}| `{r.factory}` | {r.build['seconds']:.1f} "
-                       f"| {r.build['bytes'] / 1e6:,.1f} | {r.build['bytes'] / n:,.0f} | {mb(r.build)} "
-                       f"| {point_cells(r.tuned)} | {speed(r.tuned, exact)} | {r.qps1:,.0f} | {r.saved.recall:.3f}, "
-                       f"{r.saved.qps:,.0f} | {r.load1:.1f} |" if r.build else
-                       f"| {r.label} | - | - | - | - | - | {point_cells(r.tuned)} | {speed(r.tuned, exact)} "
-                       f"| {r.qps1:,.0f} | - "
-                       f"| {r.load1:.1f} |" for r in rows]
-    out["sharded"] = [f"| factory | layout | {head} | QPS (x one index) | QPS per CPU-s (x one index) "
-                      "| QPS, 1 query per call (x one index) |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    out["memory"] = [f"| factory | whole index: build s, peak RSS MB (rise) | {SHARDS} shards, one process each: "
-                     "build s (sum), largest peak RSS MB (rise) | shard rise / whole rise |", "|---|---|---|---:|"]
-    out["goals"] = [f"- {verdict(r.tuned.recall >= TARGET and r.tuned.qps >= GOAL_SPEEDUP * exact.qps)}: {r.label} "
-                    f"(`{r.factory}`, {r.tuned.param}): recall@10 {r.tuned.recall:.3f} (set {r.tuned.recall_set:.3f}) "
-                    f"at {r.tuned.qps / exact.qps:.1f}x exact search's QPS (per CPU-second "
-                    f"{r.tuned.cpu_qps / exact.cpu_qps:.1f}x); goal >= {TARGET} at >= {GOAL_SPEEDUP:g}x"
-                    for r in rows if r.build and r.factory != "Flat" and not r.same_as]
-    memory_goals = []
-    for r in sharded:
-        one, t, w, s = single[r.factory].tuned, r.tuned, single[r.factory].build, r.build
-        one1 = single[r.factory].qps1
-        if r is next(x for x in sharded if x.factory == r.factory):
-            out["sharded"].append(f"| `{r.factory}` | one index | {point_cells(one)} | {speed(one, one)} "
-                                  f"| {one1:,.0f} |")
-            rise = (s["peak"] - s["base"]) / (w["peak"] - w["base"])
-            out["memory"].append(f"| `{r.factory}` | {w['seconds']:.1f}, {mb(w)} | {s['seconds']:.1f}, {mb(s)} "
-                                 f"| {rise:.2f} |")
-            memory_goals.append(f"- {verdict(rise <= GOAL_SHARD_MEMORY)}: `{r.factory}`: the largest shard's build "
-                                f"memory rise is {rise:.2f}x the whole index's; goal <= {GOAL_SHARD_MEMORY:g}x")
-        out["sharded"].append(f"| `{r.factory}` | {r.label} | {point_cells(t)} | {speed(t, one)} "
-                              f"| {r.qps1:,.0f} ({r.qps1 / one1:.2f}x) |")
-        equal = t.recall >= min(TARGET, one.recall)
-        out["goals"] += [f"- {verdict(equal and t.qps >= GOAL_SHARDED * one.qps)}: `{r.factory}`, {r.label}, "
-                         f"batch: {t.qps / one.qps:.2f}x one index's QPS (per CPU-second "
-                         f"{t.cpu_qps / one.cpu_qps:.2f}x) at recall@10 {t.recall:.3f} vs {one.recall:.3f}; "
-                         f"goal >= {GOAL_SHARDED:g}x at equal recall",
-                         f"- {verdict(equal and r.qps1 >= GOAL_SHARDED * one1)}: `{r.factory}`, {r.label}, one "
-                         f"query per call: {r.qps1 / one1:.2f}x one index's QPS; goal >= {GOAL_SHARDED:g}x"]
-    out["goals"] += memory_goals
-    hnsw = single["HNSW32"]
-    out["copies"] = [f"| HNSW32 over | vectors | copies of each text | saved setting: recall@10 | {head} |",
-                     "|---|---:|---:|---:|---|---:|---:|",
-                     f"| all passages | {n:,} | {copies:.1f} | {hnsw.saved.recall:.3f} | {point_cells(hnsw.tuned)} |",
-                     f"| the originals only | {n0:,} | 1 | {originals.saved.recall:.3f} "
-                     f"| {point_cells(originals.tuned)} |"]
-    out["sweeps"] = ["| index | factory | setting | recall@10 threshold | recall@10 set | QPS | QPS per CPU-s |",
-                     "|---|---|---|---:|---:|---:|---:|"]
-    out["sweeps"] += [f"| {r.label} | `{r.factory}` | {point_cells(p)} | {p.qps:,.0f} | {p.cpu_qps:,.0f} |"
-                      for r in [*rows, *sharded, originals] if not r.same_as and r.saved.param != "exact"
-                      for p in [r.saved, *r.points]]
+def rounds(searchers: list[Searcher], xq: np.ndarray, repeats: int, single: bool = True) -> dict[str, dict]:
+    """QPS per round for each searcher, interleaved (batch, then one query per call)."""
+    for s in searchers:
+        s.search(xq[:50])  # warm-up: thread pools, caches
+    out = {s.label: {"batch": [], "single": []} for s in searchers}
+    for _ in range(repeats):
+        for s in searchers:
+            out[s.label]["batch"].append(s.qps(xq))
+            if single:
+                out[s.label]["single"].append(s.qps_single(xq))
     return out
 
 
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
+def ratios(a: list[float], b: list[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b)]
 
 
-def summary(rows: list[Row], sharded: list[Row], originals: Row, n: int, n0: int) -> list[str]:
-    """A few sentences, every figure read from this run."""
-    single = {r.factory: r for r in rows if not r.same_as}
-    flat, hnsw = single["Flat"].tuned, single["HNSW32"]
-    best = max((r for r in rows if r.build and r.factory != "Flat"), key=lambda r: (r.tuned.recall, r.tuned.qps))
-    pool, one_by_one = (next(r for r in sharded if r.factory == "Flat" and ("max_workers" in r.label) == seq)
-                        for seq in (False, True))
-    rise = max((r.build["peak"] - r.build["base"]) / (single[r.factory].build["peak"] - single[r.factory].build["base"])
-               for r in sharded)
-    return [f"- Best approximate index: {best.label} (`{best.factory}`), recall@10 {best.tuned.recall:.3f} at "
-            f"{best.tuned.param}, {best.tuned.qps / flat.qps:.1f}x Flat's QPS. HNSW32's saved efSearch gives recall "
-            f"{hnsw.saved.recall:.3f}; over the originals alone (each text once, {n0 / n:.0%} of the vectors) the "
-            f"same graph reaches {originals.tuned.recall:.3f} at {originals.tuned.param} (saved setting: "
-            f"{originals.saved.recall:.3f}).",
-            f"- Four Flat shards through `ShardedIndex` run at {pool.tuned.qps / flat.qps:.2f}x one index's batch "
-            f"QPS with its default thread pool and {one_by_one.tuned.qps / flat.qps:.2f}x with max_workers=1.",
-            f"- Build memory follows the shard: the largest shard's rise is at most {rise:.2f}x the whole index's."]
+# -- one corpus ------------------------------------------------------------------------------------------
 
 
-def render(args, meta: dict, n: int, q: int, ties: float, rows: list[Row], sharded: list[Row], originals: Row,
-           loads: list[tuple[float, ...]], took: float) -> str:
-    fp, copies = meta["fingerprint"], n / meta["distinct_texts"]
-    t = tables(rows, sharded, originals, n, meta["originals"], copies)
-    load = ", ".join(f"{when} {a:.1f}/{b:.1f}/{c:.1f}" for when, (a, b, c) in zip(("start", "end"), loads))
+@dataclass
+class CorpusResult:
+    name: str
+    n: int
+    stats: dict
+    factory: str = ""
+    whole: dict = field(default_factory=dict)  # build info of the whole index
+    shards: list[dict] = field(default_factory=list)
+    recall: dict = field(default_factory=dict)  # label -> recall@10 on the questions
+    setting: dict = field(default_factory=dict)  # label -> efSearch used (None: exhaustive)
+    qps: dict = field(default_factory=dict)  # label -> {"batch": [...], "single": [...]}
+    layouts: dict = field(default_factory=dict)  # label -> "workers x threads"
+    questions: dict = field(default_factory=dict)  # set name -> [q, d]
+    offtopic: dict = field(default_factory=dict)  # the NQ-open set against the same one index
+
+
+def distribution(xb: np.ndarray, questions: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
+    """How close passages lie to each other and to each question set (what makes ANN search hard or easy)."""
+    rows = rng.choice(len(xb), min(2000, len(xb)), replace=False)
+    nn, _ = faiss.knn(xb[rows], xb, 2, metric=faiss.METRIC_INNER_PRODUCT)  # [:, 0] is the passage itself
+    out = {"nn": np.percentile(nn[:, 1], [10, 50, 90]), "dup": float((nn[:, 1] >= 0.95).mean())}
+    for name, xq in questions.items():
+        top, _ = faiss.knn(xq, xb, K, metric=faiss.METRIC_INNER_PRODUCT)
+        out[name] = (float(np.median(top[:, 0])), float(np.median(top[:, -1])))
+    return out
+
+
+def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, args, work: Path) -> CorpusResult:
+    xb = np.load(npy)
+    n = len(xb)
+    questions, picked = question_sets(xb, pool, sets, args.queries)
+    xq = questions["topical"]
+    log(f"{name}: {n:,} vectors, {len(xq):,} questions")
+    truth = Truth.exact(xb, xq)
+    result = CorpusResult(name, n, distribution(xb, questions, np.random.default_rng(0)), questions=questions)
+    result.stats["questions"] = picked
+    config = IndexConfig()
+    index, result.whole = build(npy, 0, n, config, n, 0, work)
+    result.factory = result.whole["report"]["factory"]
+    bounds = [shard_bounds(n, s, args.shards) for s in range(args.shards)]
+    built = [build(npy, a, b, config, n, s, work) for s, (a, b) in enumerate(bounds)]
+    shards, result.shards = [i for i, _ in built], [info for _, info in built]
+    offsets = np.array([a for a, _ in bounds])
+    exact = faiss.IndexFlatIP(xb.shape[1])
+    exact.add(xb)
+    contenders = {"exact": one_index("exact", exact), "one index, stored": one_index("one index, stored", index),
+                  "shards, stored": sharded("shards, stored", shards, offsets)}
+    for label, s in contenders.items():
+        result.recall[label] = truth.recall(s.search(xq))
+    result.setting["one index, stored"] = result.whole["report"]["search"].get("efSearch")
+    result.setting["shards, stored"] = [i["report"]["search"].get("efSearch") for i in result.shards]
+    hnsw = isinstance(faiss.downcast_index(index), faiss.IndexHNSW)
+    timed = [contenders["exact"], contenders["one index, stored"], contenders["shards, stored"]]
+    result.qps = rounds(timed, xq, args.repeats)
+    if hnsw:  # equal recall: the cheapest common efSearch reaching TARGET on the questions, per layout
+        one = one_index("one index, equal recall", deserialize_index(serialize_index(index)))
+        layouts = [sharded("shards, equal recall", [deserialize_index(serialize_index(s)) for s in shards],
+                           offsets),
+                   sharded("shards, sequential", [deserialize_index(serialize_index(s)) for s in shards],
+                           offsets, max_workers=1),
+                   sharded("shards, oversubscribed", [deserialize_index(serialize_index(s)) for s in shards],
+                           offsets, max_workers=args.shards, threads=args.shards * available_cores())]
+        ef_one, result.recall[one.label] = cheapest(one, truth)
+        ef_shards, recall_shards = cheapest(layouts[0], truth)
+        result.setting[one.label] = ef_one
+        for s in layouts:
+            s.set_param(ef_shards)
+            result.recall[s.label], result.setting[s.label] = recall_shards, ef_shards
+            result.layouts[s.label] = s.layout
+        result.qps |= rounds([contenders["exact"], one, *layouts], xq, args.repeats)
+    else:  # exhaustive shards: recall is 1 everywhere; only the thread layouts differ
+        layouts = [sharded("shards, sequential", shards, offsets, max_workers=1),
+                   sharded("shards, oversubscribed", shards, offsets, max_workers=args.shards,
+                           threads=args.shards * available_cores())]
+        for s in layouts:
+            result.recall[s.label], result.layouts[s.label] = truth.recall(s.search(xq)), s.layout
+        result.qps |= rounds(layouts, xq, args.repeats)
+    result.layouts["shards, stored"] = contenders["shards, stored"].layout
+    if "shards, equal recall" not in result.layouts:
+        result.layouts["shards, equal recall"] = result.layouts["shards, stored"]
+    if hnsw:  # the same index and exact search, asked off-topic questions
+        nq = Truth.exact(xb, questions["NQ-open"])
+        one = one_index("off-topic, stored", index)
+        apply_search_setting(index, result.whole["report"])
+        stored = nq.recall(one.search(nq.xq))
+        qps = rounds([contenders["exact"], one], nq.xq, args.repeats, single=False)
+        again = one_index("off-topic, equal recall", deserialize_index(serialize_index(index)))
+        ef, recall = cheapest(again, nq)
+        qps |= rounds([again], nq.xq, args.repeats, single=False)
+        result.offtopic = {"recall": stored, "setting": ef, "recall_needed": recall, "qps": qps}
+    return result
+
+
+# -- efConstruction and the Flat / HNSW threshold (recombined corpus) -----------------------------------
+
+
+def measure_ef_construction(npy: Path, xq: np.ndarray, args) -> list[dict]:
+    """HNSW32 over the first shard's rows for each efConstruction: build, tuning, recall, QPS vs exact."""
+    xb_all = np.load(npy, mmap_mode="r")
+    a, b = shard_bounds(len(xb_all), 0, args.shards)
+    xb = np.ascontiguousarray(xb_all[a:b])
+    truth = Truth.exact(xb, xq)
+    exact = faiss.IndexFlatIP(xb.shape[1])
+    exact.add(xb)
+    rows = []
+    for ef in args.ef_constructions:
+        t0 = time.perf_counter()
+        index, report = build_tuned_shard(xb, IndexConfig(factory="HNSW32", ef_construction=ef))
+        seconds = time.perf_counter() - t0
+        stored = report["search"]["efSearch"]
+        recall_stored = truth.recall(index.search(xq, K)[1])
+        searcher = one_index(f"efC {ef}", index)
+        needed, recall = cheapest(searcher, truth)
+        qps = rounds([one_index("exact", exact), searcher], xq, args.repeats, single=False)
+        rows.append({"ef": ef, "seconds": seconds, "stored": stored, "heldout": report["recall_at_10"],
+                     "recall_stored": recall_stored, "needed": needed, "recall": recall,
+                     "qps": qps[searcher.label]["batch"], "exact": qps["exact"]["batch"]})
+        log(f"  efConstruction {ef}: {seconds:.0f} s, stored efSearch {stored} -> recall {recall_stored:.3f}; "
+            f"needs {needed} for {recall:.3f}")
+    return rows
+
+
+def measure_tuning_queries(npy: Path, questions: dict[str, np.ndarray], args) -> list[dict]:
+    """On the first shard's rows: the setting tuning picks at each query cosine, against what questions need."""
+    xb_all = np.load(npy, mmap_mode="r")
+    a, b = shard_bounds(len(xb_all), 0, args.shards)
+    xb = np.ascontiguousarray(xb_all[a:b])
+    truths = {name: Truth.exact(xb, xq) for name, xq in questions.items()}
+    rows = []
+    for factory in ("HNSW32", f"IVF{ivf_lists(len(xb))},SQ8"):
+        index, _ = build_tuned_shard(xb, IndexConfig(factory=factory, tune_queries=10))
+        name, ladder = search_ladder(index)
+        searcher = one_index(factory, index)
+        needs = {q: cheapest(searcher, truth, ladder) for q, truth in truths.items()}
+        for cosine in args.cosines:
+            held, moved = tuning_queries(xb, 1000, cosine, [0, 0, 1])
+            report = tune_search(index, xb, held, moved, recall_target=TARGET)
+            value = report["search"][name]
+            at = {q: truth.recall(searcher.search(truth.xq)) for q, truth in truths.items()}  # tune_search set it
+            rows.append({"factory": factory, "param": name, "cosine": cosine, "tuned": value,
+                         "tuning_recall": report["recall_at_10"], "at": at, "needs": needs})
+            log(f"  {factory} cosine {cosine}: tuned {name} {value}; questions need "
+                f"{ {q: v for q, (v, _) in needs.items()} }, recall at tuned {at}")
+    return rows
+
+
+def measure_batch_threads(npy: Path, xq: np.ndarray, args) -> list[dict]:
+    """Raw FAISS on the first shard's rows: QPS with one thread against every core, by batch size."""
+    xb_all = np.load(npy, mmap_mode="r")
+    a, b = shard_bounds(len(xb_all), 0, args.shards)
+    xb = np.ascontiguousarray(xb_all[a:b])
+    flat = faiss.IndexFlatIP(xb.shape[1])
+    flat.add(xb)
+    hnsw, _ = build_tuned_shard(xb, IndexConfig(factory="HNSW32"))
+    cores, rows = available_cores(), []
+    for name, index in (("Flat", flat), ("HNSW32, stored setting", hnsw)):
+        for nq in args.batches:
+            calls = max(1, 512 // nq)
+            qps = {1: [], cores: []}
+            for _ in range(args.repeats):
+                for threads in qps:
+                    faiss.omp_set_num_threads(threads)
+                    t0 = time.perf_counter()
+                    for c in range(calls):
+                        start = c * nq % max(1, len(xq) - nq)
+                        index.search(xq[start:start + nq], K)
+                    qps[threads].append(calls * nq / (time.perf_counter() - t0))
+            faiss.omp_set_num_threads(cores)
+            rows.append({"index": name, "nq": nq, "one": qps[1], "all": qps[cores]})
+            log(f"  {name}, batches of {nq}: {np.median(ratios(qps[cores], qps[1])):.2f}x with {cores} threads")
+    return rows
+
+
+def measure_sizes(npy: Path, xq: np.ndarray, args) -> list[dict]:
+    """Flat against HNSW32 (default efConstruction, efSearch reaching TARGET) on growing prefixes."""
+    xb_all = np.load(npy, mmap_mode="r")
+    rows = []
+    for size in args.sizes:
+        xb = np.ascontiguousarray(xb_all[:size])
+        truth = Truth.exact(xb, xq)
+        flat = faiss.IndexFlatIP(xb.shape[1])
+        flat.add(xb)
+        index, report = build_tuned_shard(xb, IndexConfig(factory="HNSW32"))
+        searcher = one_index(f"HNSW32 {size}", index)
+        needed, recall = cheapest(searcher, truth)
+        qps = rounds([one_index("Flat", flat), searcher], xq, args.repeats)
+        rows.append({"n": size, "needed": needed, "recall": recall, "stored": report["search"]["efSearch"],
+                     "flat": qps["Flat"], "hnsw": qps[searcher.label]})
+        log(f"  {size:,}: HNSW32 efSearch {needed} ({recall:.3f}), "
+            f"{np.median(ratios(qps[searcher.label]['batch'], qps['Flat']['batch'])):.2f}x Flat")
+    return rows
+
+
+# -- report ----------------------------------------------------------------------------------------------
+
+
+def mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.0f}"
+
+
+def qps_cells(r: CorpusResult, label: str, ref: str, mode: str = "batch") -> str:
+    """Two cells: the QPS min/median/max and its ratio to ``ref``, per round."""
+    mine, base = r.qps[label][mode], r.qps[ref][mode]
+    return f"{spread(mine, '{:,.0f}')} | {spread(ratios(mine, base), '{:.2f}')}"
+
+
+def setting(value) -> str:
+    if value is None:
+        return "exhaustive"
+    if isinstance(value, list):
+        values = sorted(set(v for v in value if v is not None))
+        return "efSearch " + "/".join(map(str, values)) if values else "exhaustive"
+    return f"efSearch {value}"
+
+
+def tables(results: list[CorpusResult], efc: list[dict], sizes: list[dict], args) -> list[str]:
+    return (corpus_tables(results, args) if results else []) + sweep_tables(efc, sizes)
+
+
+def corpus_tables(results: list[CorpusResult], args) -> list[str]:
+    out = ["### Corpora and questions", "",
+           f"Questions: the {args.queries:,} of the {results[0].stats['questions']['pool']:,} in ../shared/data/qa "
+           "(NQ-open dev and EfficientQA, WebQuestions, CuratedTREC, FEVER dev claims) closest to some passage "
+           "of the corpus (\"topical\": the corpus covers 98 articles' topics, full Wikipedia nearly every "
+           f"question's), and the first {args.queries:,} NQ-open dev questions as they come (\"NQ-open\", mostly "
+           "off-topic here). All figures use the topical ones unless a table says otherwise.", "",
+           "| corpus | passages | nearest other passage: cosine p10 / p50 / p90 | passages with one >= 0.95 "
+           "| topical: best, 10th-best cosine (median) | topical picked (best cosine >=) "
+           "| NQ-open: best, 10th-best cosine (median) |", "|---|---:|---|---:|---|---|---|"]
+    for r in results:
+        picked = r.stats["questions"]
+        mix = ", ".join(f"{name} {count:,}" for name, count in picked["picked"].items() if count)
+        out.append(f"| {r.name} | {r.n:,} | {' / '.join(f'{v:.3f}' for v in r.stats['nn'])} | {r.stats['dup']:.1%} "
+                   f"| {r.stats['topical'][0]:.3f}, {r.stats['topical'][1]:.3f} | {mix} ({picked['threshold']:.3f}) "
+                   f"| {r.stats['NQ-open'][0]:.3f}, {r.stats['NQ-open'][1]:.3f} |")
+    out += ["", "### The index `auto` picks against exact search", "",
+            f"Whole batches of the questions; QPS and ratios are min / median / max over {args.repeats} rounds.", "",
+            "| corpus | auto picks | setting stored at build (held-out recall@10) | recall@10, questions "
+            "| exact QPS | QPS | x exact |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        rep = r.whole["report"]
+        out.append(f"| {r.name} | `{r.factory}` | {setting(rep['search'].get('efSearch'))} ({rep['recall_at_10']:.3f}) "
+                   f"| {r.recall['one index, stored']:.3f} | {spread(r.qps['exact']['batch'], '{:,.0f}')} "
+                   f"| {qps_cells(r, 'one index, stored', 'exact')} |")
+        if "one index, equal recall" in r.qps:
+            out.append(f"| {r.name} | `{r.factory}`, cheapest efSearch reaching {TARGET} on the questions "
+                       f"| {setting(r.setting['one index, equal recall'])} "
+                       f"| {r.recall['one index, equal recall']:.3f} | {spread(r.qps['exact']['batch'], '{:,.0f}')} "
+                       f"| {qps_cells(r, 'one index, equal recall', 'exact')} |")
+    off = [r for r in results if r.offtopic]
+    if off:
+        out += ["", "### The same index asked off-topic questions (NQ-open)", "",
+                "| corpus | index | recall@10 at the stored setting | x exact | cheapest efSearch reaching "
+                f"{TARGET} (recall@10) | x exact |", "|---|---|---:|---:|---|---:|"]
+        for r in off:
+            q = r.offtopic["qps"]
+            out.append(f"| {r.name} | `{r.factory}`, {setting(r.whole['report']['search'].get('efSearch'))} "
+                       f"| {r.offtopic['recall']:.3f} "
+                       f"| {spread(ratios(q['off-topic, stored']['batch'], q['exact']['batch']), '{:.2f}')} "
+                       f"| {setting(r.offtopic['setting'])} ({r.offtopic['recall_needed']:.3f}) "
+                       f"| {spread(ratios(q['off-topic, equal recall']['batch'], q['exact']['batch']), '{:.2f}')} |")
+    out += ["", f"### {args.shards} shards against one index", "",
+            "Shards: contiguous, one `build_tuned_shard` each (auto sized for the whole), searched by "
+            "`ShardedIndex`; layout = shards searched at once x FAISS threads in each "
+            f"({available_cores()} cores). \"stored\": each index at the setting tuning stored; \"equal recall\": "
+            f"one index and the shards each at their cheapest common efSearch reaching recall {TARGET} on the "
+            f"questions. One query per call: the first {SINGLE} questions.", "",
+            "| corpus | search | layout | setting | recall@10 | QPS, batch | x one index | QPS, 1 query per call "
+            "| x one index |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        one = "one index, equal recall" if "one index, equal recall" in r.qps else "one index, stored"
+        rows = [("one index, stored", "-"), ("shards, stored", r.layouts["shards, stored"])]
+        if one != "one index, stored":
+            rows += [(one, "-")]
+        rows += [(label, r.layouts[label]) for label in ("shards, equal recall", "shards, sequential",
+                                                         "shards, oversubscribed") if label in r.qps]
+        for label, layout in rows:
+            ref = "one index, stored" if label.endswith("stored") else one
+            out.append(f"| {r.name} | {label} | {layout} | {setting(r.setting.get(label))} | {r.recall[label]:.3f} "
+                       f"| {qps_cells(r, label, ref)} | {qps_cells(r, label, ref, 'single')} |")
+    out += ["", "### Build memory", "",
+            "Peak-RSS rise of a fresh process that reads its rows, builds, tunes and serialises "
+            "(one build each).", "",
+            "| corpus | factory | index MB (bytes/vector) | whole: build s, rise MB "
+            "| largest shard: build s, rise MB | shard / whole |", "|---|---|---:|---|---|---:|"]
+    for r in results:
+        big = max(r.shards, key=lambda i: i["rise"])
+        out.append(f"| {r.name} | `{r.factory}` | {mb(r.whole['bytes'])} ({r.whole['bytes'] / r.n:,.0f}) "
+                   f"| {r.whole['seconds']:.1f}, {mb(r.whole['rise'])} "
+                   f"| {big['seconds']:.1f}, {mb(big['rise'])} | {big['rise'] / r.whole['rise']:.2f} |")
+    return out
+
+
+def sweep_tables(efc: list[dict], sizes: list[dict]) -> list[str]:
+    out = []
+    if efc:
+        out += ["", "### HNSW32's efConstruction (one shard of the recombined corpus)", "",
+                "| efConstruction | build s | efSearch stored (held-out recall) | recall@10 at it, questions "
+                f"| cheapest efSearch reaching {TARGET}, questions | QPS at it | x exact |",
+                "|---:|---:|---|---:|---|---:|---:|"]
+        out += [f"| {e['ef']} | {e['seconds']:.1f} | {e['stored']} ({e['heldout']:.3f}) | {e['recall_stored']:.3f} "
+                f"| {e['needed']} ({e['recall']:.3f}) | {spread(e['qps'], '{:,.0f}')} "
+                f"| {spread(ratios(e['qps'], e['exact']), '{:.2f}')} |" for e in efc]
+    if sizes:
+        out += ["", "### Flat against HNSW32 by size (prefixes of the recombined corpus)", "",
+                "| vectors | Flat QPS, batch | HNSW32 efSearch (recall@10) | HNSW32 QPS, batch | x Flat "
+                "| x Flat, 1 query per call |", "|---:|---:|---|---:|---:|---:|"]
+        out += [f"| {z['n']:,} | {spread(z['flat']['batch'], '{:,.0f}')} | {z['needed']} ({z['recall']:.3f}) "
+                f"| {spread(z['hnsw']['batch'], '{:,.0f}')} "
+                f"| {spread(ratios(z['hnsw']['batch'], z['flat']['batch']), '{:.2f}')} "
+                f"| {spread(ratios(z['hnsw']['single'], z['flat']['single']), '{:.2f}')} |" for z in sizes]
+    return out
+
+
+def batch_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    cores = available_cores()
+    out = ["### FAISS threads by batch size (one shard of the recombined corpus)", "",
+           f"Raw FAISS searches of batches of the topical questions, one thread against {cores} "
+           "(`faiss.omp_set_num_threads`), interleaved per round; `ShardedIndex` gives a search one FAISS thread "
+           "per `QUERIES_PER_THREAD` queries.", "",
+           f"| index | batch | QPS, 1 thread | QPS, {cores} threads | {cores} threads / 1 |",
+           "|---|---:|---:|---:|---:|"]
+    out += [f"| {r['index']} | {r['nq']:,} | {spread(r['one'], '{:,.0f}')} | {spread(r['all'], '{:,.0f}')} "
+            f"| {spread(ratios(r['all'], r['one']), '{:.2f}')} |" for r in rows]
+    return out
+
+
+def calibration_table(rows: list[dict], args) -> list[str]:
+    if not rows:
+        return []
+    sets = list(rows[0]["needs"])
+    out = ["### Tuning queries against questions (one shard of the recombined corpus)", "",
+           "Tuning searches held-out passages turned away from themselves to a cosine (1.0: the passage as it "
+           f"is) and keeps the cheapest setting reaching recall@10 {TARGET} on them; questions: the cheapest "
+           f"setting reaching {TARGET} on {args.queries:,} questions of each set, and the recall of the "
+           "setting tuning picked.", "",
+           "| index | query cosine | tuned setting (recall on tuning queries) | "
+           + " | ".join(f"{q}: needs (recall) | {q}: recall at tuned" for q in sets) + " |",
+           "|---|---:|---|" + "---|---:|" * len(sets)]
+    for r in rows:
+        cells = " | ".join(f"{r['param']} {r['needs'][q][0]} ({r['needs'][q][1]:.3f}) | {r['at'][q]:.3f}" for q in sets)
+        out.append(f"| `{r['factory']}` | {r['cosine']:g} | {r['param']} {r['tuned']} ({r['tuning_recall']:.3f}) "
+                   f"| {cells} |")
+    return out
+
+
+def goals(results: list[CorpusResult]) -> list[str]:
+    """PASS/FAIL for the recombined corpus (the goals are set for it); the same figures for the sample."""
+    out = []
+    for r in results:
+        def mark(ok: bool) -> str:
+            return verdict(ok) if r.name.startswith("recombined") else "reference"
+
+        rec, ratio = r.recall["one index, stored"], float(np.median(ratios(r.qps["one index, stored"]["batch"],
+                                                                          r.qps["exact"]["batch"])))
+        out.append(f"- {mark(r.factory != 'Flat' and rec >= TARGET and ratio >= GOAL_SPEEDUP)}: {r.name}: auto picks "
+                   f"`{r.factory}`; at the setting stored at build it reaches recall@10 {rec:.3f} at {ratio:.1f}x "
+                   f"exact search's QPS (median); goal >= {TARGET} at >= {GOAL_SPEEDUP:g}x")
+        one = "one index, equal recall" if "one index, equal recall" in r.qps else "one index, stored"
+        label = "shards, equal recall" if "shards, equal recall" in r.qps else "shards, stored"
+        for mode, what in (("batch", "whole batches"), ("single", "one query per call")):
+            ratio = float(np.median(ratios(r.qps[label][mode], r.qps[one][mode])))
+            equal = r.recall[label] >= min(TARGET, r.recall[one])
+            out.append(f"- {mark(equal and ratio >= GOAL_SHARDED)}: {r.name}: {len(r.shards)} shards "
+                       f"(`ShardedIndex` default layout, {r.layouts[label]}), {what}: {ratio:.2f}x one index's QPS "
+                       f"(median) at recall@10 {r.recall[label]:.3f} vs {r.recall[one]:.3f}; goal >= "
+                       f"{GOAL_SHARDED:g}x at equal recall")
+        big = max(i["rise"] for i in r.shards) / r.whole["rise"]
+        out.append(f"- {mark(big <= GOAL_SHARD_MEMORY)}: {r.name}: the largest shard's build memory is "
+                   f"{big:.2f}x the whole index's; goal <= {GOAL_SHARD_MEMORY:g}x")
+    return out
+
+
+def render(info: RunInfo, results: list[CorpusResult], calibration: list[dict], efc: list[dict],
+           sizes: list[dict], batches: list[dict], args, took: float) -> str:
     return "\n".join([
-        "## Index: Flat vs HNSW32 vs IVF-PQ vs auto, one index vs 4 shards", "",
-        f"`python bench/index_bench.py{' --quick' if args.quick else ''} --pages {args.pages} --queries {q}` on "
-        f"{time.strftime('%Y-%m-%d')} ({os.cpu_count()} cores, FAISS {faiss.__version__}, {THREADS} FAISS threads for "
-        f"builds and searches); it took {took / 60:.1f} min; load average (1/5/15 min) {load}. QPS: the best of "
-        f"{args.repeats} searches of the whole query batch, by wall clock and per CPU-second of the searching "
-        "process (all its threads: less sensitive to other work on a shared machine, but it counts OpenMP's "
-        f"spin-waiting); \"1 query per call\": the first {SINGLE} queries searched one at a time at the tuned "
-        "setting, as a server answering single questions does; load1: the load when a row was measured.", "",
-        f"Vectors: {n:,} passages ({meta['distinct_texts']:,} distinct texts) of `{meta['dump']}`, generated by "
-        "`bench/make_dump.py` (the real sample's 106 articles cycled, copy k titled \"(copy k)\"), encoded by "
-        f"{fp['name']} ({fp['dtype']}, {fp['dim']}-d, normalised, inner product). Queries: the first {q:,} "
-        "NQ-open dev questions. Build peak RSS: VmHWM (reset after the imports) of a fresh process that reads only "
-        "its rows, builds and serialises; \"rise\" is that peak minus the process's RSS before reading. \"tuned\": "
-        f"the cheapest efSearch/nprobe giving recall@10 >= {TARGET} (threshold definition), or the most accurate "
-        "tried; \"saved\": what `build_shard_index` stores for its default `recall_target=0.95`. The numpy row "
-        "(exact top-10 by a matrix product in numpy's own BLAS, default threads) is a reference for FAISS's Flat.", "",
-        *t["indexes"], "", "### Summary", "", *summary(rows, sharded, originals, n, meta["originals"]), "",
-        "### Goals", "", *t["goals"], "",
-        f"### {SHARDS} contiguous shards vs one index", "",
-        f"Shards are tuned to recall@10 {TARGET}, or to one index's best recall where that falls short. "
-        "`ShardedIndex` searches shards in a thread pool (a thread per shard by default), and FAISS runs "
-        f"{THREADS} OpenMP threads inside each search; the max_workers=1 rows search shards one after another.", "",
-        *t["sharded"], "",
-        *t["memory"], "",
-        "### Repeated texts and HNSW", "",
-        f"The generator repeats each text about {copies:.0f} times (titles differ). HNSW32 (FAISS's default "
-        "efConstruction 40) over the dump's originals alone, against exact search over the same originals (also "
-        f"{1 / copies:.0%} of the vectors: part of any difference is size):", "",
-        *t["copies"], "",
-        "### Recall and QPS against the search setting", "", *t["sweeps"], "",
-        "### Caveats", "",
-        f"- Near-ties: on average {ties:,.1f} base vectors score within eps={args.eps:g} of a query's exact "
-        "10th-best inner product. **Set recall** (|found & exact top-10| / 10) counts an equally good item as a "
-        "miss; **threshold recall** (ann-benchmarks: a found item counts when its exact inner product >= the exact "
-        "10th-best - eps) does not. Goals use the threshold definition; both are shown.",
-        "- 106 articles' topics, repeated: neither the size nor the distribution of a real Wikipedia index.",
-        "- One machine, one run, shared with other work: wall-clock QPS moves with the load (see load1).", "",
+        "## Index: auto against exact search, one index against shards, on realistic passages", "",
+        *info.markdown_header(),
+        f"FAISS {faiss.__version__}, {available_cores()} cores, FAISS threads = cores unless a layout says "
+        f"otherwise; {args.queries:,} topical questions (below); recall@10 against exact search (a found passage "
+        f"counts when its exact inner product reaches the exact 10th best); the run took {took / 60:.1f} min.", "",
+        *(["### Goals", "", *goals(results), ""] if results else []),
+        *tables(results, efc, sizes, args), "", *calibration_table(calibration, args), "",
+        *batch_table(batches), "",
     ])
-
-
-# -- the run ----------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="1,000-page dump (~21k vectors), 300 queries, no OPQ")
-    p.add_argument("--pages", type=int, help="pages of the generated dump (default 5000: ~107k vectors)")
-    p.add_argument("--queries", type=int, help="NQ-open dev questions (default 2000; --quick 300)")
-    p.add_argument("--repeats", type=int, help="timed searches per setting, the best kept (default 3; --quick 2)")
-    p.add_argument("--eps", type=float, default=1e-3, help="threshold recall's slack on the 10th-best inner product")
-    p.add_argument("--budgets", default="0.5", help="auto rows under memory budgets, as fractions of Flat's bytes")
+    p.add_argument("--quick", action="store_true", help="20,000-passage corpus, 500 questions, small sweeps")
+    p.add_argument("--corpus", type=int, help="passages of the make_corpus.py corpus (default 200,000)")
+    p.add_argument("--queries", type=int, help="NQ-open dev questions (default 2,000)")
+    p.add_argument("--shards", type=int, default=4, help="shards against one index (default 4)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3, at least 3)")
+    p.add_argument("--ef-constructions", help="HNSW32 efConstruction values tried (default 40,80,160,320)")
+    p.add_argument("--sizes", help="prefix sizes for Flat against HNSW32 (default 5000,10000,20000,50000)")
+    p.add_argument("--cosines", default="1,0.6,0.5,0.45,0.4,0.3", help="tuning query cosines compared with questions")
+    p.add_argument("--batches", default="1,4,16,64,256,1024", help="batch sizes for FAISS threads against one")
+    p.add_argument("--part", choices=("all", "main", "sweeps"), default="all",
+                   help="main: the corpora's goal tables; sweeps: tuning queries, efConstruction, sizes, threads")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
-    args.pages = args.pages or (1_000 if args.quick else 5_000)
-    args.queries = args.queries or (300 if args.quick else 2_000)
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    args.budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
+    args.cosines = [float(v) for v in args.cosines.split(",") if v.strip()]
+    args.batches = [int(v) for v in args.batches.split(",") if v.strip()]
+    args.corpus = args.corpus or (20_000 if args.quick else 200_000)
+    args.queries = args.queries or (500 if args.quick else 2_000)
+    args.ef_constructions = [int(v) for v in (args.ef_constructions or ("40,80" if args.quick else "40,80,160,320"))
+                             .split(",") if v.strip()]
+    args.sizes = [int(v) for v in (args.sizes or ("2000,5000" if args.quick else "5000,10000,20000,50000"))
+                  .split(",") if v.strip()]
+    if args.repeats < 3:
+        p.error("--repeats must be at least 3 (min / median / max)")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if not QUESTIONS.exists():
-        log(f"skipped: {QUESTIONS} is missing (NQ-open questions, from ../shared/data); nothing was measured")
-        return
-    t_start, loads = time.perf_counter(), [os.getloadavg()]
+    started = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        npy, meta, q_npy = pool.submit(_prepare_in_child, args.pages, args.queries).result()
-    npy, xb, xq = Path(npy), np.load(npy), np.load(q_npy)
-    n, d = xb.shape
-    faiss.omp_set_num_threads(THREADS)
-    truth = Truth.exact(xb, xq, args.eps)
-    ties = truth.ties()
-    log(f"{n:,} vectors, {len(xq):,} queries; {ties:.1f} base vectors within eps of the 10th-best, per query")
-    pq = f"{'' if args.quick else 'OPQ48,'}IVF{ivf_lists(n)},PQ48"
-    configs = [("Flat (exact)", IndexConfig(factory="Flat")), ("HNSW32", IndexConfig(factory="HNSW32")),
-               ("IVF-PQ", IndexConfig(factory=pq)), ("auto, no budget", IndexConfig())]
-    configs += [(f"auto, budget {b:g} x Flat", IndexConfig(memory_budget_bytes=int(b * 4 * d * n)))
-                for b in args.budgets]
-    rows: list[Row] = []
+        argv = sys.argv if argv is None else ["bench/index_bench.py", *argv]
+        info, paths, pool_npy, sets = pool.submit(_prepare, args.corpus, argv).result()
+    questions, sets = np.load(pool_npy), np.array(sets)
+    faiss.omp_set_num_threads(available_cores())
+    results, efc, sizes, calibration, batches = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="index-bench-") as tmp:
-        work = Path(tmp)
-        for label, config in configs:
-            same = next((r for r in rows if r.factory == config.resolve_factory(n, d) and not r.same_as), None)
-            if same is not None:  # auto resolved to an index already measured: the same build and numbers
-                rows.append(dataclasses.replace(same, label=label, same_as=f"(= {same.label}) "))
-            else:
-                rows.append(measure_index(label, config, npy, truth, work, args.repeats))
-        rows.insert(1, sweep("exact, numpy matmul + argpartition (reference, not rag_core)", "numpy",
-                             numpy_exact(xb), None, [], truth, args.repeats))
-        single = {r.factory: r for r in rows}  # shards aim at one index's recall where it misses the target
-        sharded = [r for f in ("Flat", "HNSW32") for r in measure_sharded(
-            f, npy, truth, work, args.repeats, min(TARGET, single[f].tuned.recall))]
-        n0 = meta["originals"]
-        originals = measure_index("HNSW32, originals only", IndexConfig(factory="HNSW32"), npy,
-                                  Truth.exact(xb[:n0], xq, args.eps), work, args.repeats)
-    loads.append(os.getloadavg())
-    text = render(args, meta, n, len(xq), ties, rows, sharded, originals, loads, time.perf_counter() - t_start)
+        for name, npy in paths.items() if args.part != "sweeps" else ():
+            label = f"recombined ({args.corpus:,})" if name == "recombined" else "real sample"
+            results.append(measure_corpus(label, Path(npy), questions, sets, args, Path(tmp)))
+    if "recombined" in paths and args.part != "main":
+        xb = np.load(paths["recombined"], mmap_mode="r")
+        asked = question_sets(np.ascontiguousarray(xb), questions, sets, args.queries)[0]
+        del xb
+        calibration = measure_tuning_queries(Path(paths["recombined"]), asked, args)
+        efc = measure_ef_construction(Path(paths["recombined"]), asked["topical"], args)
+        sizes = measure_sizes(Path(paths["recombined"]), asked["topical"], args)
+        batches = measure_batch_threads(Path(paths["recombined"]), asked["topical"], args)
+    info.finish()
+    text = render(info, results, calibration, efc, sizes, batches, args, time.perf_counter() - started)
     print(text)
     if args.markdown:
         args.markdown.write_text(text, encoding="utf-8")

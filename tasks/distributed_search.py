@@ -7,11 +7,17 @@ shard lives, and only each shard's top-k (plus the passage ids, titles and
 texts of those rows) travels back to be merged here. Results are exactly those
 of :class:`rag_core.index.search.ShardedIndex` over the same version: same scores,
 same tie order, same :class:`~rag_core.index.search.Hit` objects.
+
+Each shard keeps the search setting tuned at build (its manifest entry's
+``meta``). A search task runs FAISS with its worker's threads divided among
+the shards that worker holds, so the shards of one worker, searched at once,
+never run more FAISS threads than the worker was given.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +27,18 @@ import pyarrow as pa
 from distributed import Client, Future, wait
 
 from rag_core.errors import WikiragError
-from rag_core.index.faiss_index import set_search_params
-from rag_core.index.search import Hit, QueryError, check_dim, check_k, load_shard, merge_topk, search_shard
+from rag_core.index.search import (
+    Hit,
+    QueryError,
+    batch_threads,
+    check_dim,
+    check_k,
+    load_shard,
+    merge_topk,
+    omp_threads,
+    search_shard,
+)
+from rag_core.index.tuning import set_search_params
 from rag_core.index.versions import read_manifest
 from rag_core.storage import Store
 
@@ -42,21 +58,31 @@ class LoadedShard:
 
 
 def load_shard_on_worker(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) -> LoadedShard:
-    """Runs on a worker: load one shard, checking both files' sha256 against the manifest."""
+    """Runs on a worker: load one shard, checking both files' sha256, with its stored search setting."""
     index, table = load_shard(store, manifest, entry)
     return LoadedShard(index, table, int(entry["bytes"]) + table.nbytes)
 
 
-def search_loaded_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int]) -> tuple[Any, Any, dict]:
-    """Runs on a worker: one shard's top-k ``(distances, rows)``, each ``[q, k_s]``, and the found rows' columns."""
+def search_loaded_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int],
+                        threads: int = 1) -> tuple[Any, Any, dict, int]:
+    """Runs on a worker: one shard's top-k ``(distances, rows)``, each ``[q, k_s]``, the found rows' columns,
+    and the FAISS threads the search ran with (at most ``threads``, fewer for a small batch; set for this
+    task's thread only)."""
     if params:
         set_search_params(shard.index, **params)
-    distances, rows = search_shard(shard.index, x, k)
+    with omp_threads(batch_threads(len(x), threads)) as used:
+        distances, rows = search_shard(shard.index, x, k)
     found = np.unique(rows[rows >= 0])
     picked = shard.passages.take(pa.array(found))
     columns = {c: picked.column(c).to_pylist() for c in _COLUMNS if c in picked.column_names}
     passages = {int(r): tuple(columns[c][i] if c in columns else None for c in _COLUMNS) for i, r in enumerate(found)}
-    return distances, rows, passages
+    return distances, rows, passages, used
+
+
+def search_threads(holders: list[str | None], nthreads: dict[str, int]) -> list[int]:
+    """FAISS threads for each shard's search task: its worker's threads shared by the shards it holds (>= 1)."""
+    per_worker = Counter(holders)
+    return [max(1, nthreads.get(h, 1) // per_worker[h]) if h is not None else 1 for h in holders]
 
 
 def place_shards(entries: list[dict[str, Any]], workers: list[str]) -> dict[int, str]:
@@ -74,7 +100,8 @@ class DaskShardedIndex:
     """The shards of one index version, held by Dask workers and searched together.
 
     Same results as :class:`rag_core.index.search.ShardedIndex`; use it as a context
-    manager (or call :meth:`close`) to free the workers' memory.
+    manager (or call :meth:`close`) to free the workers' memory. ``faiss_threads``
+    records, per shard, the FAISS threads its last search ran with on its worker.
     """
 
     def __init__(self, client: Client, manifest: dict[str, Any], shards: list[Future]) -> None:
@@ -83,7 +110,9 @@ class DaskShardedIndex:
         self.metric = manifest["metric"]
         self.dim = int(manifest["dim"])
         self.shards = shards
+        self.faiss_threads: list[int] = []
         self._params: dict[str, int] = {}
+        self._nthreads: dict[str, int] = {}
 
     @classmethod
     def load(cls, client: Client, store: Store, version: str | None = None) -> DaskShardedIndex:
@@ -150,21 +179,25 @@ class DaskShardedIndex:
     def _search(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         x = check_dim(query_vectors, self.dim)
         k = check_k(k)
+        holders = self.holders()
+        if any(h is not None and h not in self._nthreads for h in holders):
+            self._nthreads = {w: int(info["nthreads"])
+                              for w, info in self.client.scheduler_info(n_workers=-1)["workers"].items()}
         # Each task runs where its shard lives; the restriction is loose so that a search still runs
         # (and the shard is reloaded elsewhere) when that worker has just died.
         tasks = [
-            self.client.submit(search_loaded_shard, shard, x, k, dict(self._params), pure=False,
+            self.client.submit(search_loaded_shard, shard, x, k, dict(self._params), threads, pure=False,
                                workers=None if holder is None else [holder], allow_other_workers=True)
-            for shard, holder in zip(self.shards, self.holders())
+            for shard, holder, threads in zip(self.shards, holders, search_threads(holders, self._nthreads))
         ]
         try:
             results = self.client.gather(tasks)
         finally:
             self.client.cancel(tasks)
+        self.faiss_threads = [t for *_, t in results]
         larger_is_better = self.metric == "ip"
-        scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k,
-                                          larger_is_better)
-        return (scores if larger_is_better else -scores), shards, rows, [p for _, _, p in results]
+        scores, shards, rows = merge_topk([r[0] for r in results], [r[1] for r in results], k, larger_is_better)
+        return (scores if larger_is_better else -scores), shards, rows, [r[2] for r in results]
 
     def _live_shards(self) -> list[Future]:
         if not self.shards:

@@ -5,7 +5,8 @@
 puts Great Expectations gates between the steps::
 
     plan_version ──▶ embed_plan_shard (each shard) ──▶ build_plan_shard (each shard) ──▶ publish_plan
-     │ counts, fingerprint,       │ write-once embedding files,      │ FAISS index + held-out recall@10,
+     │ counts, fingerprint,       │ write-once embedding files,      │ FAISS index tuned to the recall
+     │                            │                                  │ target + held-out recall@10,
      │ shard cut, version name,   │ reused where they exist          │ written into the unpublished version
      ▼ reuse source, plan.json    ▼                                  ▼
                                                           manifest (references every file read), then LATEST
@@ -37,9 +38,10 @@ from rag_core.index.embeddings import (
     vector_stats,
 )
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
-from rag_core.index.faiss_index import IndexConfig, build_shard_index, heldout_recall, serialize_index
+from rag_core.index.faiss_index import IndexConfig, build_tuned_shard, serialize_index
 from rag_core.index.manifest import ShardEntry
 from rag_core.index.retention import delete_version
+from rag_core.index.tuning import RECALL_K, heldout_recall
 from rag_core.index.versions import (
     INDEXES_DIR,
     PLAN,
@@ -52,7 +54,6 @@ from rag_core.index.versions import (
 from rag_core.storage import Store
 from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
 
-RECALL_K = 10
 Progress = Callable[[int], None]  # called with the number of passages (or vectors) just finished
 
 
@@ -234,7 +235,18 @@ def recall_rows(plan: IndexPlan, shard_id: int, n_vectors: int) -> np.ndarray:
 
 
 def build_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, progress: Progress | None = None) -> BuiltShard:
-    """Build one shard's FAISS index from its stored vectors, measure held-out recall@10, write it unpublished."""
+    """Build one shard's FAISS index from its stored vectors, measure held-out recall@10, write it unpublished.
+
+    An HNSW or IVF shard is tuned while it is built: the cheapest efSearch /
+    nprobe whose recall@10 against exact search on held-out, question-like
+    queries reaches ``plan.index.recall_target``
+    (:func:`~rag_core.index.faiss_index.build_tuned_shard`). The setting, that
+    recall and the QPS measured go into the shard's manifest ``meta``
+    (``{"factory", "search": {"efSearch": 96}, "recall_at_10", "qps", ...}``),
+    from which search applies it. A Flat shard is exact and untuned: its meta
+    is ``{"factory": "Flat"}``. The recall gate then measures the tuned shard on
+    other held-out rows (:func:`recall_rows`): the passages themselves.
+    """
     started = time.perf_counter()
     start, stop = plan.bounds(shard_id)
     record = range_record(store, plan.fingerprint_id, plan.dump_id, start, stop)
@@ -243,11 +255,12 @@ def build_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, progress: 
                          "embed it first (embed_plan_shard)")
     ids, _, vectors = read_record(store, plan.fingerprint_id, plan.dump_id, record)
     passages = read_passage_rows(store, plan.dump_id, start, stop, columns=["passage_id", "title", "text"])
-    index = build_shard_index(vectors, plan.index, total_vectors=plan.n_passages)
-    factory = plan.index.resolve_factory(len(vectors), plan.dim, total_vectors=plan.n_passages)
+    # ANN shards come back tuned (efSearch / nprobe set); the report is the shard's meta, applied by search on load
+    index, report = build_tuned_shard(vectors, plan.index, total_vectors=plan.n_passages, shard_id=shard_id)
+    factory = report["factory"]
     rows = recall_rows(plan, shard_id, len(vectors))
     recall = heldout_recall(index, vectors, rows, RECALL_K, plan.index.metric) if len(vectors) > 1 else np.ones(0)
-    payload = ShardPayload(serialize_index(index), passages, {"factory": factory},
+    payload = ShardPayload(serialize_index(index), passages, report,
                            embedding_ref(plan.fingerprint_id, plan.dump_id, record))
     entry = write_shard(store, plan.version, shard_id, payload)
     if progress is not None:

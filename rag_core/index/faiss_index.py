@@ -5,6 +5,12 @@ One FAISS index per passage shard. Row ``i`` of a shard's index is the shard's
 FAISS ids (no ``IndexIDMap``: string passage ids do not fit in int64, and the
 row order is already stored beside the index). Publishing shards as versions on
 a store is :mod:`rag_core.index.versions`.
+
+A shard is built tuned: :func:`build_tuned_shard` sets HNSW's efConstruction
+before adding, then keeps the cheapest efSearch / nprobe whose recall@10
+against exact search on held-out queries reaches the recall target
+(:mod:`rag_core.index.tuning`); that setting, the recall and the QPS go into
+the shard's manifest entry, and search applies them when it loads the shard.
 """
 
 from __future__ import annotations
@@ -18,15 +24,28 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from rag_core.errors import WikiragError
+from rag_core.index.tuning import (  # noqa: F401  (set_search_params, heldout_recall: re-exported)
+    RECALL_K,
+    apply_search_setting,
+    heldout_recall,
+    hnsw_of,
+    search_ladder,
+    set_search_params,
+    tune_search,
+    tuning_queries,
+)
 
 METRICS = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 FLAT_MAX_VECTORS = 10_000  # below this exact search is fast and a graph buys nothing
 EXACT_RECALL = 0.999  # a recall target at or above this asks for exact search
 HNSW_M = 32  # links per node: the RAG paper's HNSW32
+EF_CONSTRUCTION = 160  # HNSW build candidate list (FAISS's default is 40); measured in docs/benchmarks.md
 HNSW_EXTRA_BYTES = 16  # per vector: level, offsets and upper-level links (measured: 656 B for HNSW32_SQ8 at d=384)
 IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
 MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
+TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
+TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
 
 class IndexBuildError(WikiragError):
@@ -39,9 +58,14 @@ class IndexConfig(BaseModel):
     factory: str = Field("auto", description="FAISS factory string (Flat, HNSW32, IVF4096,PQ48, ...) or auto")
     metric: Literal["ip", "l2"] = Field("ip", description="inner product (DPR, normalised encoders) or L2")
     memory_budget_bytes: int | None = Field(None, gt=0, description="auto: RAM for the whole index; None = no limit")
-    recall_target: float = Field(0.95, gt=0, le=1, description="recall@10 aimed at; auto and default params use it")
-    nprobe: int | None = Field(None, ge=1, description="IVF lists visited per query; None derives it from recall")
-    ef_search: int | None = Field(None, ge=1, description="HNSW candidate list per query; None derives it from recall")
+    recall_target: float = Field(0.95, gt=0, le=1, description="recall@10 that build-time tuning (and auto) aim at")
+    nprobe: int | None = Field(None, ge=1, description="IVF lists visited per query; None = tuned at build")
+    ef_search: int | None = Field(None, ge=1, description="HNSW candidate list per query; None = tuned at build")
+    ef_construction: int = Field(EF_CONSTRUCTION, ge=1, description="HNSW candidate list while adding vectors "
+                                 "(set before add); default measured in docs/benchmarks.md")
+    tune_queries: int = Field(1000, ge=1, description="held-out passages per shard that tuning searches (seeded)")
+    tune_query_cosine: float = Field(TUNE_QUERY_COSINE, gt=0, le=1, description="cosine of a tuning query to its "
+                                     "passage (1 = the passage as is); default measured in docs/benchmarks.md")
     train_sample: int = Field(100_000, ge=1, description="at most this many vectors (seeded sample) train IVF/PQ/SQ")
     seed: int = Field(0, description="seed of the training sample")
 
@@ -136,51 +160,48 @@ def choose_factory(
     )
 
 
-def search_params(index: faiss.Index, recall_target: float) -> dict[str, int]:
-    """Default nprobe/efSearch for a recall target: wider searches for higher targets."""
-    level = 0 if recall_target <= 0.9 else 1 if recall_target <= 0.97 else 2
-    params: dict[str, int] = {"efSearch": (64, 128, 256)[level]}
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        params["nprobe"] = min(ivf.nlist, max(8, ivf.nlist // (32, 16, 8)[level]))
-    return params
-
-
-def set_search_params(index: faiss.Index, **params: int | None) -> None:
-    """Set FAISS search parameters (nprobe, efSearch, ...) where the index has them; others are ignored."""
-    space = faiss.ParameterSpace()
-    for name, value in params.items():
-        if value is None:
-            continue
-        try:
-            space.set_index_parameter(index, name, float(value))
-        except RuntimeError as exc:
-            if "could not set parameter" not in str(exc):
-                raise
-
-
 def build_shard_index(
     vectors: np.ndarray,
     config: IndexConfig,
     train_vectors: np.ndarray | None = None,
     *,
     total_vectors: int | None = None,
+    shard_id: int = 0,
 ) -> faiss.Index:
-    """A FAISS index over one shard's ``vectors`` (float32 ``[n, d]``); row i is vector i.
+    """:func:`build_tuned_shard` without its report: the index, its search setting tuned and saved with it."""
+    return build_tuned_shard(vectors, config, train_vectors, total_vectors=total_vectors, shard_id=shard_id)[0]
+
+
+def build_tuned_shard(
+    vectors: np.ndarray,
+    config: IndexConfig,
+    train_vectors: np.ndarray | None = None,
+    *,
+    total_vectors: int | None = None,
+    shard_id: int = 0,
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """A FAISS index over one shard's ``vectors`` (float32 ``[n, d]``; row i is vector i), tuned, and its report.
 
     Trains (when the factory needs it) on a seeded sample of at most
-    ``config.train_sample`` rows of ``train_vectors`` (default: ``vectors``), then
-    sets nprobe/efSearch from the config (or from the recall target); both are
-    saved with the index. ``total_vectors`` (the whole index) lets ``auto`` size
-    the index family for the whole and the IVF lists for this shard. An empty
-    shard gives an empty Flat index: there is nothing to train on. Training is
-    deterministic; HNSW graphs, built by several threads, may differ slightly.
+    ``config.train_sample`` rows of ``train_vectors`` (default: ``vectors``),
+    sets HNSW's efConstruction before adding, then tunes the search setting
+    (:func:`rag_core.index.tuning.tune_search` on :func:`shard_tuning_queries`,
+    seeded by ``config.seed`` and ``shard_id``).
+    The index keeps the setting; the report (``{"search": {"efSearch": 96},
+    "recall_at_10": 0.97, "qps": ..., ...}``) belongs in the shard's manifest
+    ``meta``, from which search applies it (:func:`apply_search_setting`).
+    ``total_vectors`` (the whole index) lets ``auto`` size the index family for
+    the whole and the IVF lists for this shard. An empty shard gives an empty
+    Flat index. A Flat index (or any other without a search parameter) is
+    exact: it is not tuned, and its report is ``{"factory": ...}`` alone.
+    Training is deterministic; HNSW graphs, built by several threads, may
+    differ slightly from run to run.
     """
     x = as_matrix(vectors, "vectors")
     n, dim = x.shape
     metric = METRICS[config.metric]
     if n == 0:
-        return faiss.IndexFlat(dim, metric)
+        return faiss.IndexFlat(dim, metric), {"factory": "Flat"}
     train = x if train_vectors is None else as_matrix(train_vectors, "train_vectors")
     if train.shape[1] != dim:
         raise IndexBuildError(
@@ -205,43 +226,30 @@ def build_shard_index(
                 f"training {factory!r} on {len(train)} vectors failed ({_faiss_message(exc)}); "
                 "give more training vectors or choose fewer IVF lists / PQ centroids"
             ) from exc
+    hnsw = hnsw_of(index)
+    if hnsw is not None:
+        hnsw.efConstruction = config.ef_construction  # read by add(): too late to change afterwards
     index.add(x)
-    defaults = search_params(index, config.recall_target)
-    set_search_params(
-        index, nprobe=config.nprobe or defaults.get("nprobe"), efSearch=config.ef_search or defaults["efSearch"]
-    )
-    return index
+    if search_ladder(index)[0] is None:  # Flat (and other exhaustive indexes): exact already, nothing to tune
+        return index, {"factory": factory}
+    rows, queries = shard_tuning_queries(x, config, shard_id)
+    report = {"factory": factory, **tune_search(index, x, rows, queries, recall_target=config.recall_target,
+                                                 metric=config.metric, ef_search=config.ef_search,
+                                                 nprobe=config.nprobe)}
+    if hnsw is not None:
+        report["ef_construction"] = int(hnsw.efConstruction)
+    return index, report
 
 
-def heldout_recall(index: faiss.Index, vectors: np.ndarray, query_rows: np.ndarray, k: int = 10,
-                   metric: str = "ip") -> np.ndarray:
-    """recall@k of ``index`` against exact search, one value per query row (float64 ``[len(query_rows)]``).
-
-    The queries are the vectors at ``query_rows`` of the shard itself, each held
-    out of its own results: the query's own row is dropped from both the exact
-    and the approximate lists, so a passage finding itself earns nothing. A
-    returned row counts when its exact score is at least the exact k-th best
-    (ties at the boundary are as good as the row they tie with).
+def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig, shard_id: int = 0, *, n: int | None = None,
+                         stream: int = TUNE_STREAM) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, queries)``: held-out, question-like queries of shard ``shard_id`` (see
+    :func:`rag_core.index.tuning.tuning_queries`): ``config.tune_queries`` of them (or ``n``), seeded by
+    ``[config.seed, shard_id, stream]``. Tuning uses ``stream`` TUNE_STREAM; a recall gate measuring the
+    tuned index should draw its own with another stream, so that it does not grade tuning on its own queries.
     """
-    x = as_matrix(vectors, "vectors")
-    rows = np.asarray(query_rows, dtype=np.int64)
-    n = len(x)
-    k = min(k, n - 1)
-    if k < 1 or not len(rows):
-        return np.ones(len(rows))
-    queries = x[rows]  # [q, d]
-    exact = faiss.IndexFlat(x.shape[1], METRICS[metric])
-    exact.add(x)
-    exact_scores, exact_rows = exact.search(queries, k + 1)  # [q, k+1]
-    _, found = index.search(queries, k + 1)  # [q, k+1]
-    sign = 1.0 if metric == "ip" else -1.0  # larger is better for both
-    recall = np.empty(len(rows))
-    for q, row in enumerate(rows):
-        truth = exact_scores[q][exact_rows[q] != row][:k] * sign  # [k] best first
-        got = [r for r in found[q] if r >= 0 and r != row][:k]
-        scores = (x[got] @ queries[q] if metric == "ip" else -((x[got] - queries[q]) ** 2).sum(1)) if got else []
-        recall[q] = np.sum(np.asarray(scores) >= truth[-1] - 1e-6 * max(1.0, abs(truth[-1]))) / k
-    return recall
+    return tuning_queries(vectors, config.tune_queries if n is None else n, config.tune_query_cosine,
+                          [config.seed, shard_id, stream])
 
 
 def as_matrix(vectors: Any, name: str) -> np.ndarray:

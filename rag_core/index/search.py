@@ -5,13 +5,23 @@ Scores are "higher is better" for both metrics, so that ranking, merging and
 is the inner product; for ``l2`` it is minus the squared L2 distance that FAISS
 returns. Equal scores are ordered by shard, then by row: results are the same
 on every run and for any number of threads.
+
+Threads: FAISS runs OpenMP threads inside each search, so shards searched in
+parallel, each with FAISS's default of one thread per core, would run
+shards x cores threads on the cores. :func:`thread_plan` splits the cores
+instead: parallel shard searches x FAISS threads in each <= the cores
+(OpenMP's thread count is per calling thread, so each search thread sets its
+own). The measured choice between its layouts is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import os
+import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +31,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rag_core.errors import WikiragError
-from rag_core.index.faiss_index import METRICS, deserialize_index, set_search_params, sha256_hex
+from rag_core.index.faiss_index import METRICS, deserialize_index, sha256_hex
+from rag_core.index.tuning import apply_search_setting, set_search_params
 from rag_core.index.versions import INDEXES_DIR, CorruptShardError, read_manifest
 from rag_core.storage import Store
+
+QUERIES_PER_THREAD = 64  # a FAISS thread pays off from this many queries of a batch on (docs/benchmarks.md)
 
 
 class QueryError(WikiragError):
@@ -64,6 +77,45 @@ def search_shard(index: faiss.Index, x: np.ndarray, k: int) -> tuple[np.ndarray,
     if index.ntotal == 0:
         return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
     return index.search(x, min(k, index.ntotal))
+
+
+@contextmanager
+def omp_threads(threads: int) -> Iterator[int]:
+    """FAISS's OpenMP threads for searches made by the calling thread, restored on exit; yields the count in force."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
+    try:
+        yield faiss.omp_get_max_threads()
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def batch_threads(n_queries: int, threads: int) -> int:
+    """FAISS threads worth giving a search of ``n_queries``: at most one per QUERIES_PER_THREAD queries.
+
+    FAISS splits a batch between its threads; for a few queries the threads
+    mostly wait for each other, and on a busy machine far longer than the
+    search itself takes (measured in docs/benchmarks.md).
+    """
+    return max(1, min(threads, n_queries // QUERIES_PER_THREAD))
+
+
+def thread_plan(n_shards: int, cores: int, max_workers: int | None = None) -> tuple[int, int]:
+    """``(shards searched at once, FAISS threads in each)`` for ``n_shards`` on ``cores``.
+
+    Default: one shard search per core at most (``min(n_shards, cores)``), the
+    cores left over shared among them as FAISS threads; so with shards >= cores
+    each search runs on one FAISS thread. ``max_workers=1`` searches the shards
+    one after another, each with every core. The product never exceeds the
+    cores unless ``max_workers`` asks for more searches than cores.
+    """
+    workers = max(1, min(n_shards, max_workers or cores))
+    return workers, max(1, cores // workers)
 
 
 def merge_topk(
@@ -109,8 +161,12 @@ class ShardedIndex:
     """The shards of one index version, searched together.
 
     Row ``i`` of shard ``s`` is row ``i`` of ``passages[s]`` (passage_id, and
-    title/text when published). Shards are searched in a thread pool: FAISS
-    releases the GIL, so shards run in parallel.
+    title/text when published). Shards are searched in a thread pool laid out
+    by :func:`thread_plan` over ``threads`` cores (default: the cores this
+    process may use); FAISS releases the GIL, so shards run in parallel.
+    Each search runs FAISS with at most ``threads_per_search`` threads, fewer
+    for small batches (:func:`batch_threads`); ``faiss_threads`` records, per
+    shard, the FAISS threads its last search ran with.
     """
 
     def __init__(
@@ -121,6 +177,7 @@ class ShardedIndex:
         metric: str = "ip",
         manifest: dict[str, Any] | None = None,
         max_workers: int | None = None,
+        threads: int | None = None,
     ) -> None:
         if not shards or len(shards) != len(passages):
             raise QueryError(f"need one passages table per shard, got {len(shards)} shards and {len(passages)} tables")
@@ -136,20 +193,28 @@ class ShardedIndex:
         self.metric = metric
         self.manifest = manifest or {}
         self.dim = dims.pop()
-        self.max_workers = max_workers
+        self.workers, self.threads_per_search = thread_plan(len(self.shards), threads or available_cores(),
+                                                            max_workers)
+        self.faiss_threads: list[int] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._columns = [
             {c: table.column(c).combine_chunks() for c in ("passage_id", "title", "text") if c in table.column_names}
             for table in passages
         ]
 
     @classmethod
-    def load(cls, store: Store, version: str | None = None, *, max_workers: int | None = None) -> ShardedIndex:
-        """Load a published version (LATEST's when None), checking every file's sha256."""
+    def load(cls, store: Store, version: str | None = None, *, max_workers: int | None = None,
+             threads: int | None = None) -> ShardedIndex:
+        """Load a published version (LATEST's when None), checking every file's sha256.
+
+        Each shard gets the search setting stored in its manifest entry (tuned at build).
+        """
         manifest = read_manifest(store, version)
-        with ThreadPoolExecutor(max_workers=max_workers or min(8, len(manifest["shards"]))) as pool:
+        with ThreadPoolExecutor(max_workers=min(8, len(manifest["shards"]))) as pool:  # I/O and checksums
             loaded = list(pool.map(lambda entry: load_shard(store, manifest, entry), manifest["shards"]))
         return cls([i for i, _ in loaded], [t for _, t in loaded], metric=manifest["metric"], manifest=manifest,
-                   max_workers=max_workers)
+                   max_workers=max_workers, threads=threads)
 
     @property
     def version(self) -> str | None:
@@ -168,15 +233,32 @@ class ShardedIndex:
         """The merged top-k as arrays ``(scores, shards, rows)``, each ``[q, k]``; row -1 where none."""
         x = check_dim(query_vectors, self.dim)
         k = check_k(k)
-        workers = min(len(self.shards), self.max_workers or len(self.shards))
-        if workers <= 1:
-            results = [search_shard(index, x, k) for index in self.shards]
+
+        threads = batch_threads(len(x), self.threads_per_search)
+
+        def one(index: faiss.Index) -> tuple[np.ndarray, np.ndarray, int]:
+            with omp_threads(threads) as threads_in_force:
+                return (*search_shard(index, x, k), threads_in_force)
+
+        if self.workers <= 1:
+            results = [one(index) for index in self.shards]
         else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                results = list(pool.map(lambda index: search_shard(index, x, k), self.shards))
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shard-search")
+                pool = self._pool
+            results = list(pool.map(one, self.shards))
+        self.faiss_threads = [t for _, _, t in results]
         larger_is_better = self.metric == "ip"
-        scores, shards, rows = merge_topk([d for d, _ in results], [i for _, i in results], k, larger_is_better)
+        scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k, larger_is_better)
         return (scores if larger_is_better else -scores), shards, rows
+
+    def close(self) -> None:
+        """Stop the search threads (the shards stay usable; a later search starts them again)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
 
     def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
         """For each query, up to k hits, best first."""
@@ -204,7 +286,10 @@ class ShardedIndex:
 
 
 def load_shard(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) -> tuple[faiss.Index, pa.Table]:
-    """One shard of a published version: its FAISS index and passages, both checked against the manifest."""
+    """One shard of a published version: its FAISS index and passages, both checked against the manifest.
+
+    The search setting stored in the entry's ``meta`` (tuned at build) is applied to the index.
+    """
     root = store.child(INDEXES_DIR, manifest["version"])
     index_bytes = _read_checked(root, entry["url"], entry["sha256"])
     table = pq.read_table(io.BytesIO(_read_checked(root, entry["ids_url"], entry["ids_sha256"])))
@@ -217,6 +302,7 @@ def load_shard(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) ->
             f"{root.url_of(entry['url'])}: corrupt shard: holds {index.ntotal} vectors of dimension {index.d} "
             f"and {table.num_rows} ids, the manifest says {entry['count']} of dimension {manifest['dim']}"
         )
+    apply_search_setting(index, entry.get("meta"))
     return index, table
 
 

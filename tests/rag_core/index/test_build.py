@@ -7,6 +7,7 @@ import json
 import uuid
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,6 +19,7 @@ from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.retention import CleanupConfig, collect_garbage, delete_version, pin_version, unpin_version
 from rag_core.index.search import ShardedIndex
+from rag_core.index.tuning import tuning_queries
 from rag_core.index.versions import (
     IndexVersionError,
     latest_version,
@@ -139,3 +141,41 @@ def test_a_failed_check_publishes_nothing(wiki: Path, tmp_path: Path, tiny: Enco
     assert sorted(p.name for p in (tmp_path / "indexes").iterdir()) == sorted([good, "LATEST"])
     plan = json.loads((tmp_path / "indexes" / good / "plan.json").read_text())
     assert (plan["dump_id"], plan["num_shards"], plan["n_passages"]) == ("d1", 1, 40)
+
+
+TUNED_N = 1_200  # real passages: enough for an HNSW graph whose efSearch matters
+
+
+def test_an_ann_version_is_built_tuned_and_searched_at_its_target(wiki: Path, tmp_path: Path, tiny: Encoder) -> None:
+    store = Store(str(tmp_path))
+    publish_passages(store, "d1", sample_passages().slice(0, TUNED_N))
+    embed = EmbedConfig(encoder=tiny.config, shards=2)
+    config = IndexConfig(factory="HNSW32", ef_construction=40, tune_queries=200, recall_target=0.95)
+    version = build_version(store, "d1", embed, config, encoder=tiny)
+    flat = build_version(store, "d1", embed, IndexConfig(factory="Flat"), encoder=tiny)
+
+    manifest = read_index_manifest(store, version)
+    index = ShardedIndex.load(store, version)
+    vectors = np.concatenate([read_ref(store, e.embeddings)[1] for e in manifest.shards])
+    for s, entry in enumerate(manifest.shards):  # each shard: the cheapest tried setting that met the target
+        meta = entry.meta
+        ef = meta["search"]["efSearch"]
+        assert meta["factory"] == "HNSW32" and meta["ef_construction"] == 40 and meta["qps"] > 0
+        assert meta["recall_at_10"] >= config.recall_target and meta["recall_target"] == config.recall_target
+        assert meta["tried"][str(ef)] == meta["recall_at_10"]
+        assert all(r < config.recall_target for v, r in meta["tried"].items() if int(v) < ef)
+        assert faiss.downcast_index(index.shards[s]).hnsw.efSearch == ef  # applied on load
+    # Fresh question-like queries (another seed than tuning's), against exact search over the Flat version.
+    _, queries = tuning_queries(vectors, 300, config.tune_query_cosine, seed=[99])
+    truth = {i: {h.passage_id for h in q} for i, q in enumerate(ShardedIndex.load(store, flat).search(queries, 10))}
+    found = index.search(queries, 10)
+    recall = np.mean([len(truth[i] & {h.passage_id for h in q}) / 10 for i, q in enumerate(found)])
+    assert recall >= config.recall_target - 0.02  # tuned on other queries of the same kind: the target, give or take
+    narrow = ShardedIndex.load(store, version)
+    narrow.set_search_params(ef_search=10)
+    coarse = np.mean([len(truth[i] & {h.passage_id for h in q}) / 10
+                      for i, q in enumerate(narrow.search(queries, 10))])
+    assert coarse < recall  # without the stored setting, FAISS's narrow default loses neighbours
+
+    assert all(e.meta == {"factory": "Flat"} for e in read_index_manifest(store, flat).shards)  # exact: untuned
+    assert all(not hasattr(faiss.downcast_index(i), "hnsw") for i in ShardedIndex.load(store, flat).shards)

@@ -17,6 +17,7 @@ from rag_core.index.faiss_index import (
     IndexBuildError,
     IndexConfig,
     build_shard_index,
+    build_tuned_shard,
     choose_factory,
     deserialize_index,
     ivf_lists,
@@ -39,11 +40,16 @@ from rag_core.storage import Store
 FIELDS = {"dim": 64, "metric": "ip", "factory": "Flat", "encoder": {"name": "test"}, "gates": {"recall": 1.0}}
 
 
-def clustered_vectors(n: int, dim: int, *, seed: int = 0, clusters: int | None = None) -> np.ndarray:
-    """Unit vectors around random centres: like real embeddings, unlike uniform noise (STACK.md)."""
+def clustered_vectors(n: int, dim: int, *, seed: int = 0, clusters: int | None = None,
+                      spread: float = 0.5) -> np.ndarray:
+    """Unit vectors around random centres: like real embeddings, unlike uniform noise (STACK.md).
+
+    ``spread`` is the noise around a centre relative to the centres' scale: at
+    1.0 clusters overlap and an approximate index needs a wide search.
+    """
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(clusters or max(1, n // 100), dim))
-    x = centres[rng.integers(len(centres), size=n)] + 0.5 * rng.normal(size=(n, dim))
+    x = centres[rng.integers(len(centres), size=n)] + spread * rng.normal(size=(n, dim))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x.astype(np.float32)
 
@@ -118,9 +124,9 @@ def test_hnsw_and_auto_reach_the_recall_target(data) -> None:
     base, queries, truth = data
     config = IndexConfig()  # auto, no budget: HNSW32 at 20k vectors
     assert config.resolve_factory(len(base), base.shape[1]) == "HNSW32"
-    index = build_shard_index(base, config)
+    index, report = build_tuned_shard(base, config)
     assert index.ntotal == len(base)
-    assert faiss.downcast_index(index).hnsw.efSearch == 128  # from the 0.95 recall target
+    assert faiss.downcast_index(index).hnsw.efSearch == report["search"]["efSearch"]
     assert recall_at(index.search(queries, 10)[1], truth) >= 0.95
     # a budget below HNSW32's 4d + 272 bytes/vector: the graph over 8-bit codes
     squeezed = IndexConfig(memory_budget_bytes=len(base) * 400)
@@ -133,11 +139,11 @@ def test_ivf_training_uses_a_seeded_sample_and_sets_nprobe(data) -> None:
     config = IndexConfig(memory_budget_bytes=len(base) * 100, train_sample=5_000, seed=3)
     factory = config.resolve_factory(len(base), 64)
     assert factory == "IVF128,SQ8"  # lists capped by 5000 training vectors / 39
-    index = build_shard_index(base, config)
-    assert faiss.extract_index_ivf(index).nprobe == 8  # max(8, 128 / 16)
+    index, report = build_tuned_shard(base, config)
+    assert faiss.extract_index_ivf(index).nprobe == report["search"]["nprobe"]
     assert recall_at(index.search(queries, 10)[1], truth) >= 0.9
     again = build_shard_index(base, config)
-    assert serialize_index(again) == serialize_index(index)  # same sample, same centroids
+    assert serialize_index(again) == serialize_index(index)  # same sample, same centroids, same tuning
     wide = build_shard_index(base, config.model_copy(update={"nprobe": 64}))
     assert faiss.extract_index_ivf(wide).nprobe == 64
     assert recall_at(wide.search(queries, 10)[1], truth) >= 0.95
@@ -171,6 +177,23 @@ def test_empty_shard_and_serialization_round_trip(data) -> None:
     assert faiss.downcast_index(back).hnsw.efSearch == 77  # search params travel with the index
     assert np.array_equal(back.search(queries, 5)[1], index.search(queries, 5)[1])
     assert sha256_hex(data_bytes) == sha256_hex(serialize_index(back))
+
+
+# -- efConstruction --------------------------------------------------------------
+
+
+def test_ef_construction_is_set_before_add(overlapping) -> None:
+    base, queries, truth = overlapping
+    recalls = {}
+    for ef in (8, 128):
+        config = IndexConfig(factory="HNSW8", ef_construction=ef, ef_search=16, tune_queries=100)
+        index, report = build_tuned_shard(base, config)
+        assert faiss.downcast_index(index).hnsw.efConstruction == ef == report["ef_construction"]
+        back = deserialize_index(serialize_index(index))
+        assert faiss.downcast_index(back).hnsw.efConstruction == ef
+        recalls[ef] = recall_at(index.search(queries, 10)[1], truth)
+    assert recalls[128] > recalls[8] + 0.05  # a better graph at the same efSearch: it was used while adding
+    assert IndexConfig().ef_construction > 40  # above FAISS's default
 
 
 # -- versions ------------------------------------------------------------------

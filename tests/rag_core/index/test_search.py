@@ -11,8 +11,23 @@ import pyarrow as pa
 import pytest
 
 import rag_core.index.versions as index_versions
-from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
-from rag_core.index.search import Hit, QueryError, ShardedIndex, check_dim, merge_topk
+from rag_core.index.faiss_index import (
+    IndexConfig,
+    build_shard_index,
+    build_tuned_shard,
+    serialize_index,
+    set_search_params,
+)
+from rag_core.index.search import (
+    QUERIES_PER_THREAD,
+    Hit,
+    QueryError,
+    ShardedIndex,
+    batch_threads,
+    check_dim,
+    merge_topk,
+    thread_plan,
+)
 from rag_core.index.versions import (
     CorruptShardError,
     IndexVersionError,
@@ -86,9 +101,15 @@ def test_flat_shards_merged_equal_one_flat_index(corpus, metric: str) -> None:
     assert all(a.score >= b.score for q in hits for a, b in zip(q, q[1:]))  # higher is better for both metrics
 
 
-def test_sharded_hnsw_recall_and_ties(corpus) -> None:
+@pytest.fixture(scope="module")
+def hnsw_split(corpus) -> tuple[list[faiss.Index], list[pa.Table]]:
+    base, _, table = corpus
+    return _split(base, table, IndexConfig(factory="HNSW32", tune_queries=200))
+
+
+def test_sharded_hnsw_recall_and_ties(corpus, hnsw_split) -> None:
     base, queries, table = corpus
-    sharded = ShardedIndex(*_split(base, table, IndexConfig(factory="HNSW32")), max_workers=4)
+    sharded = ShardedIndex(*hnsw_split, max_workers=4)
     truth = exact_topk(base, queries, 10)
     _, shards, rows = sharded.search_rows(queries, 10)
     assert recall_at(np.cumsum([0, *SIZES])[:-1][shards] + rows, truth) >= 0.95
@@ -109,6 +130,47 @@ def test_query_dimension_and_k_are_checked(corpus) -> None:
         sharded.search(queries, 0)
     assert check_dim(queries[0], DIM).shape == (1, DIM)  # one vector is one query
     assert len(sharded.search(queries[0], 3)[0]) == 3
+
+
+# -- threads --------------------------------------------------------------------
+
+
+def test_thread_plan_never_oversubscribes_the_cores() -> None:
+    assert thread_plan(4, 2) == (2, 1)  # shards >= cores: one FAISS thread per shard search
+    assert thread_plan(2, 16) == (2, 8)  # few shards, many cores: the cores shared out
+    assert thread_plan(1, 8) == (1, 8)
+    assert thread_plan(4, 2, max_workers=1) == (1, 2)  # one shard after another, every core each
+    assert thread_plan(4, 2, max_workers=4) == (4, 1)  # asked for more searches than cores: one thread each
+    for shards in range(1, 9):
+        for cores in range(1, 17):
+            workers, threads = thread_plan(shards, cores)
+            assert workers * threads <= cores and workers <= shards
+
+
+def test_batch_threads_follow_the_batch_size() -> None:
+    assert batch_threads(1, 8) == 1  # one query: FAISS's threads would only wait for each other
+    assert batch_threads(QUERIES_PER_THREAD - 1, 8) == 1
+    assert batch_threads(3 * QUERIES_PER_THREAD, 8) == 3
+    assert batch_threads(10**6, 8) == 8
+
+
+def test_search_threads_hold_inside_the_workers(corpus, hnsw_split) -> None:
+    _, few, _ = corpus
+    queries = np.tile(few, (4, 1))  # 200 queries: enough for 3 FAISS threads
+    indexes, tables = hnsw_split
+    before = faiss.omp_get_max_threads()
+    layouts = {(None, 2): [1] * 4, (1, 2): [2] * 4, (None, 8): [2] * 4, (2, 6): [3] * 4}
+    results = []
+    for (max_workers, threads), want in layouts.items():
+        sharded = ShardedIndex(indexes, tables, max_workers=max_workers, threads=threads)
+        results.append(sharded.search_rows(queries, 10))
+        assert sharded.faiss_threads == want  # read by faiss.omp_get_max_threads() in the searching thread
+        sharded.search_rows(queries[:1], 10)
+        assert sharded.faiss_threads == [1] * 4  # a single query runs on one thread
+        sharded.close()
+    assert faiss.omp_get_max_threads() == before  # the caller's own setting is left alone
+    for got in results[1:]:  # the same results in every layout
+        assert all(np.array_equal(a, b) for a, b in zip(got[1:], results[0][1:]))
 
 
 # -- published versions ---------------------------------------------------------
@@ -133,6 +195,23 @@ def _round_trip(store: Store, corpus) -> None:
 
 def test_publish_and_load_on_a_local_store(tmp_path: Path, corpus) -> None:
     _round_trip(Store(str(tmp_path / "store")), corpus)
+
+
+def test_the_setting_tuned_at_build_is_applied_on_load(tmp_path: Path, corpus) -> None:
+    base, queries, table = corpus
+    store = Store(str(tmp_path))
+    bounds = np.cumsum([0, *SIZES])
+    payloads, reports = [], []
+    for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        index, report = build_tuned_shard(base[a:b], IndexConfig(factory="HNSW32", tune_queries=100), shard_id=s)
+        reports.append(report)
+        set_search_params(index, efSearch=10)  # the file says 10; the manifest's meta must win
+        meta = {**report, "search": {"efSearch": 40 + s}} if s < 3 else {"factory": "HNSW32"}  # shard 3: none
+        payloads.append(ShardPayload(serialize_index(index), table.slice(a, b - a), meta))
+    version = publish_version(store, payloads, {"dim": DIM, "metric": "ip", "factory": "HNSW32"})
+    loaded = ShardedIndex.load(store, version)
+    assert [faiss.downcast_index(i).hnsw.efSearch for i in loaded.shards] == [40, 41, 42, 10]
+    assert loaded.manifest["shards"][0]["meta"]["recall_at_10"] == reports[0]["recall_at_10"]
 
 
 def test_publish_and_load_on_s3(s3_server: S3Server, corpus) -> None:
