@@ -28,15 +28,13 @@ The generator is the fetched SmolLM2-135M-Instruct (``wikirag models fetch``; ``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import RunInfo, emulate_avx2_if_asked, publish, spread  # noqa: E402
+from report import RunInfo, emulate_avx2_if_asked, publish, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -127,8 +125,8 @@ def rank_memory(retriever, parameters: int) -> list[tuple[str, float, str]]:
     factory = choose_factory(FULL_WIKIPEDIA, dim)
     faiss_bytes = 4 * dim + 8 * HNSW_M + HNSW_EXTRA_BYTES if factory.startswith("HNSW32") else 4 * dim
     n = FULL_WIKIPEDIA
-    return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, f"{factory} (the auto rule at 21M, no budget): "
-             f"{faiss_bytes} B/passage at d={dim}"),
+    return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, (f"{factory} (the auto rule at 21M, no budget): "
+             f"{faiss_bytes} B/passage at d={dim}")),
             ("passage ids, titles, texts (`ShardedIndex._columns`, Arrow)", n * columns,
              f"{columns:.0f} B/passage, measured on these {rows} sample passages"),
             ("stored vectors (`IndexRetriever.vectors`, float32)", n * 4 * dim, f"4 x {dim} B/passage"),
@@ -162,7 +160,6 @@ def main() -> int:
     info = RunInfo.start()
     from flows.settings import quiet_environment
     from rag_core.evaluate.predictions import evaluate_model
-    from rag_core.hardware import choose_precision
     from rag_core.index.encoders import default_encoder_config
     from rag_core.model.generators import GeneratorConfig
     from rag_core.model.rag_model import RagConfig, RagModel
@@ -188,8 +185,8 @@ def main() -> int:
         precision = result.precision
 
         retriever = IndexRetriever.load(store, version)
-        from rag_core.index.manifest import IndexManifest
         from rag_core.index.encoders import EncoderConfig
+        from rag_core.index.manifest import IndexManifest
 
         encoder = EncoderConfig(**(IndexManifest.model_validate(retriever.manifest).encoder_config or {}))
         model = RagModel.create(RagConfig(kind="sequence", n_docs=args.n_docs, question_encoder=encoder,
@@ -213,34 +210,34 @@ def main() -> int:
     paper_flops = p["examples"] * p["epochs"] * 6 * (p["params"] / 2 * paper_tokens + p["question_encoder"] * q_tokens)
     lines = [f"## Fine-tuning: examples/s with 1 and 2 DDP processes, capability {info.hardware.capability}", "",
              *info.markdown_header(),
-             f"Generator: {described}; question encoder: the index's all-MiniLM-L6-v2. Index: Flat, "
+             (f"Generator: {described}; question encoder: the index's all-MiniLM-L6-v2. Index: Flat, "
              f"{args.passages} sample passages (2 shards); cloze task: {len(task.train)} train / {len(task.dev)} dev "
              f"examples. RAG-Sequence, n_docs={args.n_docs}, global batch {args.batch_size}, {args.steps} optimizer "
              f"steps per run (figure: the recipe's median over steps 2..{args.steps}), autocast {precision}, "
-             f"`torchrun --standalone` (gloo), 1 torch thread per process; {args.repeats} repeats, interleaved.", "",
+             f"`torchrun --standalone` (gloo), 1 torch thread per process; {args.repeats} repeats, interleaved."), "",
              "| processes | training examples/s (min / median / max) | achieved FLOP/s, all processes |",
              "|---|---|---|",
              *(f"| {n} | {spread(rates[n])} | {spread([f / 1e9 for f in flops[n]])} G |" for n in (1, 2)), "",
-             f"Scaling 2 processes / 1: {spread(ratio, '{:.2f}')}x (goal >= 1.6x: "
-             f"{'PASS' if statistics.median(ratio) >= 1.6 else 'FAIL'}).", "",
-             f"FLOP/s = 6 x {(gen_params + enc_params) / 1e6:.1f}M parameters x tokens / time: "
+             (f"Scaling 2 processes / 1: {spread(ratio, '{:.2f}')}x (goal >= 1.6x: "
+             f"{'PASS' if statistics.median(ratio) >= 1.6 else 'FAIL'})."), "",
+             (f"FLOP/s = 6 x {(gen_params + enc_params) / 1e6:.1f}M parameters x tokens / time: "
              f"{gen_tokens:.0f} generator tokens per example (prompt and answer, {args.n_docs} passages, padding "
              f"excluded) through {gen_params / 1e6:.1f}M parameters and {q_tokens:.1f} question tokens through "
-             f"{enc_params / 1e6:.1f}M: {flops_per_example / 1e12:.3f} TFLOP per training example.", "",
-             f"Evaluation (`evaluate_model`, {len(dev)} cloze dev examples in one batch, float32 weights, "
-             f"{args.threads} threads, greedy RAG-Sequence): {spread(eval_seconds, '{:.2f}')} s per example.", "",
+             f"{enc_params / 1e6:.1f}M: {flops_per_example / 1e12:.3f} TFLOP per training example."), "",
+             (f"Evaluation (`evaluate_model`, {len(dev)} cloze dev examples in one batch, float32 weights, "
+             f"{args.threads} threads, greedy RAG-Sequence): {spread(eval_seconds, '{:.2f}')} s per example."), "",
              "### Projection (an estimate, not a measurement): the RAG paper's NQ fine-tune on one H200", "",
-             f"Assumed: {p['examples']:,} NQ training examples x {p['epochs']} epochs (epoch count assumed), "
+             (f"Assumed: {p['examples']:,} NQ training examples x {p['epochs']} epochs (epoch count assumed), "
              f"BART-large ({p['params'] / 1e6:.0f}M parameters; each token passes through about half: encoder or "
              f"decoder), n_docs={p['n_docs']}, {context_tokens:.0f} passage+question tokens per document (measured "
              f"here with this generator's tokenizer, cut at 300) + {p['answer_tokens']} answer tokens, the "
              f"{p['question_encoder'] / 1e6:.0f}M-parameter BERT-base question encoder on {q_tokens:.1f} tokens: "
              f"6 x params x tokens = {paper_flops / 1e18:.1f} EFLOP in all. H200 bf16 dense peak "
-             f"{H200_BF16_DENSE / 1e12:.0f} TFLOP/s.", "",
+             f"{H200_BF16_DENSE / 1e12:.0f} TFLOP/s."), "",
              "| utilisation of the peak (assumed) | projected hours on one H200 |", "|---|---|",
              *(f"| {u:.0%} | {paper_flops / (H200_BF16_DENSE * u) / 3600:.2f} |" for u in UTILISATION), "",
-             f"At this machine's median rate with 2 processes ({statistics.median(flops[2]) / 1e9:.0f} GFLOP/s) the "
-             f"same work would take {paper_flops / statistics.median(flops[2]) / 86400:,.0f} days.", "",
+             (f"At this machine's median rate with 2 processes ({statistics.median(flops[2]) / 1e9:.0f} GFLOP/s) the "
+             f"same work would take {paper_flops / statistics.median(flops[2]) / 86400:,.0f} days."), "",
              "### What one training rank holds for 21M passages (each rank loads its own `IndexRetriever`)", "",
              "| held | bytes | how |", "|---|---|---|",
              *(f"| {what} | {b / 1e9:.1f} GB | {how} |" for what, b, how in memory),
