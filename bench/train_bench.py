@@ -147,7 +147,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per training run; the first warms up "
                         "(SmolLM2 with 1 thread: ~45 s a step, so 2 keeps the run under 15 minutes)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--eval-examples", type=int, default=4)
+    parser.add_argument("--eval-examples", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="answer tokens in evaluation (cloze spans are short)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the evaluation (training: 1 per rank)")
     parser.add_argument("--quick", action="store_true", help="200 passages, 2 evaluation examples (a smoke run)")
     parser.add_argument("--markdown", type=Path, help="write the section to this file")
@@ -199,9 +200,10 @@ def main() -> int:
         flops_per_example = 6 * (gen_params * gen_tokens + enc_params * q_tokens)
         eval_seconds = []
         dev = task.dev[: args.eval_examples]
-        evaluate_model(model, dev[:1], batch_size=len(dev))  # warm-up
+        evaluate_model(model, dev[:1], batch_size=len(dev), max_new_tokens=args.max_new_tokens)  # warm-up
         for _ in range(args.repeats):
-            eval_seconds.append(evaluate_model(model, dev, batch_size=len(dev)).seconds_per_example)
+            eval_seconds.append(evaluate_model(model, dev, batch_size=len(dev),
+                                                   max_new_tokens=args.max_new_tokens).seconds_per_example)
         memory = rank_memory(retriever, gen_params + enc_params)
         info.finish()
 
@@ -227,7 +229,7 @@ def main() -> int:
              f"excluded) through {gen_params / 1e6:.1f}M parameters and {q_tokens:.1f} question tokens through "
              f"{enc_params / 1e6:.1f}M: {flops_per_example / 1e12:.3f} TFLOP per training example."), "",
              (f"Evaluation (`evaluate_model`, {len(dev)} cloze dev examples in one batch, float32 weights, "
-             f"{args.threads} threads, greedy RAG-Sequence): {spread(eval_seconds, '{:.2f}')} s per example."), "",
+             f"{args.threads} threads, greedy RAG-Sequence, <= {args.max_new_tokens} new tokens): {spread(eval_seconds, '{:.2f}')} s per example."), "",
              "### Projection (an estimate, not a measurement): the RAG paper's NQ fine-tune on one H200", "",
              (f"Assumed: {p['examples']:,} NQ training examples x {p['epochs']} epochs (epoch count assumed), "
              f"BART-large ({p['params'] / 1e6:.0f}M parameters; each token passes through about half: encoder or "
