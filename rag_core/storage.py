@@ -22,6 +22,13 @@ from fsspec.core import url_to_fs
 
 from rag_core.errors import StoreError
 
+
+class DamagedFileError(StoreError, ValueError):
+    """A file on the store that is not what wikirag wrote there (not UTF-8 JSON): tampered with or torn.
+
+    A ValueError too, so that cleanup that tolerates unreadable records keeps doing so.
+    """
+
 _CREDENTIAL_HINT = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
 _ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or WIKIRAG_STORE) and that the server is running"
 
@@ -122,7 +129,16 @@ class Store:
             return self.fs.cat_file(self.path_of(*parts))
 
     def read_json(self, *parts: str) -> Any:
-        return json.loads(self.read_bytes(*parts))
+        """The parsed JSON file; a damaged one is one :class:`DamagedFileError` line naming it, never a traceback."""
+        data = self.read_bytes(*parts)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8 text (byte {exc.start})"
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}; truncated?)"
+        raise DamagedFileError(f"{self.url_of(*parts)}: {problem}; the file is damaged: delete it and rerun the "
+                               "command that wrote it (finished work elsewhere is reused), or restore it from a backup")
 
     def list(self, *parts: str) -> list[str]:
         """Names (not paths) directly under ``parts``; empty when absent."""
