@@ -23,22 +23,10 @@ from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.storage import DamagedFileError, Store
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.flows.conftest import PublishedIndex
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def pristine(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path, Path]:
-    """(store, version, encoder dir, generator dir): one published 2-shard version of 30 real passages."""
-    root = tmp_path_factory.mktemp("pristine")
-    tiny = save_tiny_bert(root / "tiny")
-    encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
-    version = publish_small_index(Store(str(root / "store")), "d1", sample_passages().slice(0, 30), encoder, shards=2)
-    return root / "store", version, tiny, save_tiny_llama(root / "llama")
 
 
 def _flip(offset_of: Callable[[bytes], int], mask: int) -> Callable[[bytes], bytes]:
@@ -59,8 +47,8 @@ DAMAGE = {
 FILES = {"manifest": "indexes/{version}/manifest.json", "LATEST": "indexes/LATEST"}
 
 
-def _damaged_copy(pristine: tuple[Path, str, Path, Path], tmp_path: Path, file: str, damage: str) -> tuple[Path, Path]:
-    src, version, _, _ = pristine
+def _damaged_copy(published_index: PublishedIndex, tmp_path: Path, file: str, damage: str) -> tuple[Path, Path]:
+    src, version, _, _ = published_index
     store = tmp_path / "store"
     shutil.copytree(src, store)
     target = store / FILES[file].format(version=version)
@@ -70,15 +58,15 @@ def _damaged_copy(pristine: tuple[Path, str, Path, Path], tmp_path: Path, file: 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 @pytest.mark.parametrize("file", list(FILES))
-def test_a_damaged_manifest_or_latest_is_one_line_naming_it(pristine: tuple[Path, str, Path, Path], tmp_path: Path,
+def test_a_damaged_manifest_or_latest_is_one_line_naming_it(published_index: PublishedIndex, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture, file: str,
                                                             damage: str) -> None:
-    store, target = _damaged_copy(pristine, tmp_path, file, damage)
-    llama = pristine[3]
+    store, target = _damaged_copy(published_index, tmp_path, file, damage)
+    llama = published_index.generator
     commands = [["search", "Who was Achilles?", "-k", "2"], ["indexes", "show"], ["indexes", "verify"],
                 ["ask", "Who was Achilles?", "--generator", str(llama), "--n-docs", "2"]]
     if file == "manifest":  # by name too, not only through LATEST
-        commands += [["indexes", "show", pristine[1]], ["indexes", "verify", pristine[1]]]
+        commands += [["indexes", "show", published_index.version], ["indexes", "verify", published_index.version]]
     for command in commands:
         code = main([*command, "--store", str(store)])
         out, err = capsys.readouterr()
@@ -89,9 +77,9 @@ def test_a_damaged_manifest_or_latest_is_one_line_naming_it(pristine: tuple[Path
     assert target.exists()  # reading never "repairs" the evidence
 
 
-def test_the_real_command_prints_no_traceback(pristine: tuple[Path, str, Path, Path], tmp_path: Path,
+def test_the_real_command_prints_no_traceback(published_index: PublishedIndex, tmp_path: Path,
                                               home: Path) -> None:
-    store, target = _damaged_copy(pristine, tmp_path, "manifest", "flipped byte breaks UTF-8")
+    store, target = _damaged_copy(published_index, tmp_path, "manifest", "flipped byte breaks UTF-8")
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "search", "Who was Achilles?", "--store", str(store)],
                           capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
     assert (proc.returncode, proc.stdout, len(proc.stderr.splitlines())) == (2, "", 1), proc.stderr
@@ -99,12 +87,12 @@ def test_the_real_command_prints_no_traceback(pristine: tuple[Path, str, Path, P
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte breaks UTF-8"])
-def test_a_damaged_embedding_record_stops_a_rebuild_with_one_line(pristine: tuple[Path, str, Path, Path],
+def test_a_damaged_embedding_record_stops_a_rebuild_with_one_line(published_index: PublishedIndex,
                                                                   tmp_path: Path, damage: str) -> None:
-    src, _, tiny, _ = pristine
+    src, _, tiny, _ = published_index
     store = tmp_path / "store"
     shutil.copytree(src, store)
-    record = sorted(store.glob("embeddings/*/d1/rows-*.json"))[0]
+    record = min(store.glob("embeddings/*/d1/rows-*.json"))
     record.write_bytes(DAMAGE[damage](record.read_bytes()))
     encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
     with pytest.raises(DamagedFileError) as caught:  # the rebuild resumes from the records: it must not trust this one
