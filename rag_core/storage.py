@@ -9,6 +9,7 @@ reads and writes through a :class:`Store`.  Failures of the store itself
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import posixpath
 import uuid
@@ -59,6 +60,10 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
     except (NotADirectoryError, IsADirectoryError, FileExistsError) as exc:
         raise StoreError(f"{url}: {action} failed ({exc.strerror or exc}); the store path is blocked by a file") from exc
     except Exception as exc:  # botocore and aiohttp errors have no common base we can import cheaply
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreError(f"{url}: {action} failed: {exc.strerror}; free space on the store's disk (or point "
+                             "--store/WIKIRAG_STORE at a larger one) and rerun: nothing was published, finished "
+                             "work is reused") from exc
         name = type(exc).__name__
         text = str(exc)
         if name == "NoCredentialsError" or "Unable to locate credentials" in text:
@@ -184,8 +189,14 @@ class Store:
             if is_local(self.url):
                 self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
                 tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-                self.fs.pipe_file(tmp, data)
-                self.fs.mv(tmp, path)
+                try:
+                    self.fs.pipe_file(tmp, data)
+                    self.fs.mv(tmp, path)
+                except BaseException:
+                    # A full disk leaves the partial sibling behind: take it away so as not to fill it further.
+                    with contextlib.suppress(OSError):
+                        self.fs.rm_file(tmp)
+                    raise
             else:
                 self.fs.pipe_file(path, data)
 
