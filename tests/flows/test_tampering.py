@@ -77,6 +77,26 @@ def test_a_damaged_manifest_or_latest_is_one_line_naming_it(published_index: Pub
     assert target.exists()  # reading never "repairs" the evidence
 
 
+def test_a_manifest_edited_into_other_valid_json_is_caught_through_latest(published_index: PublishedIndex,
+                                                                          tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """LATEST records the manifest's sha256: an edit that keeps the JSON valid (a shard's sha256 replaced, so that
+    a swapped shard file would pass) is refused before any file it names is trusted."""
+    src, version, _, _ = published_index
+    store = tmp_path / "store"
+    shutil.copytree(src, store)
+    manifest = store / "indexes" / version / "manifest.json"
+    text = manifest.read_text()
+    first_sha = re.search(r'"sha256": "([0-9a-f]{64})"', text).group(1)
+    manifest.write_text(text.replace(first_sha, "0" * 64, 1))
+    for command in (["search", "Who was Achilles?"], ["indexes", "show"], ["indexes", "verify"]):
+        assert main([*command, "--store", str(store)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"wikirag: error: {manifest}: sha256 differs from the one {store}/indexes/LATEST recorded: "
+                       "the manifest was changed after publishing; restore it from a backup, or delete the version "
+                       "and rebuild\n")
+
+
 def test_the_real_command_prints_no_traceback(published_index: PublishedIndex, tmp_path: Path,
                                               home: Path) -> None:
     store, target = _damaged_copy(published_index, tmp_path, "manifest", "flipped byte breaks UTF-8")
