@@ -39,7 +39,7 @@ def dask_runner(address: str | None, workers: int | None) -> DaskTaskRunner:
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(
-        cluster_class="distributed.LocalCluster",
+        cluster_class="flows.local_cluster.BoundedLocalCluster",  # its close cannot hang a stopping command
         # Cleaning is pure Python: processes, not threads, to use every core.
         cluster_kwargs={
             "n_workers": workers,

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field, Secret, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rag_core.errors import StoreError
 from rag_core.storage import Store
 
 # Telemetry off everywhere, and no hub: set before prefect, mlflow or
@@ -89,6 +90,17 @@ class Settings(BaseSettings):
     aws_region: str | None = Field(None, validation_alias="AWS_DEFAULT_REGION")
     mlflow_tracking_uri: str | None = Field(None, validation_alias="MLFLOW_TRACKING_URI")
     prefect_api_url: str | None = Field(None, validation_alias="PREFECT_API_URL")
+
+    @model_validator(mode="after")
+    def _folders_are_folders(self) -> Settings:
+        # Raised as is (not a ValueError): one line naming the path, not "no index has been published here".
+        places = (("the workspace (--home, WIKIRAG_HOME)", str(self.home)),
+                  ("the store (--store, WIKIRAG_STORE)", self.store_url))
+        for what, path in places:
+            local = path.removeprefix("file://")
+            if "://" not in local and Path(local).expanduser().is_file():
+                raise StoreError(f"{path}: a file, not a folder; point {what} at a folder (new or existing)")
+        return self
 
     @property
     def store_url(self) -> str:

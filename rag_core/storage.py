@@ -9,6 +9,7 @@ reads and writes through a :class:`Store`.  Failures of the store itself
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import posixpath
 import uuid
@@ -21,6 +22,13 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from rag_core.errors import StoreError
+
+
+class DamagedFileError(StoreError, ValueError):
+    """A file on the store that is not what wikirag wrote there (not UTF-8 JSON): tampered with or torn.
+
+    A ValueError too, so that cleanup that tolerates unreadable records keeps doing so.
+    """
 
 _CREDENTIAL_HINT = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
 _ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or WIKIRAG_STORE) and that the server is running"
@@ -52,6 +60,10 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
     except (NotADirectoryError, IsADirectoryError, FileExistsError) as exc:
         raise StoreError(f"{url}: {action} failed ({exc.strerror or exc}); the store path is blocked by a file") from exc
     except Exception as exc:  # botocore and aiohttp errors have no common base we can import cheaply
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreError(f"{url}: {action} failed: {exc.strerror}; free space on the store's disk (or point "
+                             "--store/WIKIRAG_STORE at a larger one) and rerun: nothing was published, finished "
+                             "work is reused") from exc
         name = type(exc).__name__
         text = str(exc)
         if name == "NoCredentialsError" or "Unable to locate credentials" in text:
@@ -122,7 +134,16 @@ class Store:
             return self.fs.cat_file(self.path_of(*parts))
 
     def read_json(self, *parts: str) -> Any:
-        return json.loads(self.read_bytes(*parts))
+        """The parsed JSON file; a damaged one is one :class:`DamagedFileError` line naming it, never a traceback."""
+        data = self.read_bytes(*parts)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8 text (byte {exc.start})"
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}; truncated?)"
+        raise DamagedFileError(f"{self.url_of(*parts)}: {problem}; the file is damaged: delete it and rerun the "
+                               "command that wrote it (finished work elsewhere is reused), or restore it from a backup")
 
     def list(self, *parts: str) -> list[str]:
         """Names (not paths) directly under ``parts``; empty when absent."""
@@ -168,8 +189,14 @@ class Store:
             if is_local(self.url):
                 self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
                 tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-                self.fs.pipe_file(tmp, data)
-                self.fs.mv(tmp, path)
+                try:
+                    self.fs.pipe_file(tmp, data)
+                    self.fs.mv(tmp, path)
+                except BaseException:
+                    # A full disk leaves the partial sibling behind: take it away so as not to fill it further.
+                    with contextlib.suppress(OSError):
+                        self.fs.rm_file(tmp)
+                    raise
             else:
                 self.fs.pipe_file(path, data)
 

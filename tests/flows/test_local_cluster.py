@@ -1,0 +1,26 @@
+"""The local Dask cluster's close is bounded: frozen workers cannot keep a stopping command waiting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from flows.local_cluster import BoundedLocalCluster
+from tests.flows.test_stopping import _descendants, _still_running
+
+
+def test_close_gives_up_on_frozen_workers_and_kills_them() -> None:
+    cluster = BoundedLocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, close_timeout=1.0)
+    pids = cluster.worker_pids()
+    assert len(pids) == 2 and set(pids) <= set(_descendants(os.getpid()))
+    seen = {pid: started for pid, started in _descendants(os.getpid()).items() if pid in pids}
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)  # alive, holding their connections, answering nothing
+    started = time.monotonic()
+    cluster.close()
+    took = time.monotonic() - started
+    time.sleep(0.5)
+    assert took < 3, took  # the nanny alone kills a frozen worker after 4 s; distributed's close waits without limit
+    assert _still_running(seen) == []

@@ -1,0 +1,58 @@
+"""Guarantee: an S3 secret given through the environment is written nowhere and printed nowhere.
+
+A real rebuild and a search against the real S3 server (SeaweedFS), with the
+command starting its own Prefect server (database and logs in the
+workspace); then every file of the workspace, every object of the store and
+everything the commands printed is searched for the secret.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import s3fs
+
+from flows.process_groups import die_with_parent
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from tests.conftest import SAMPLE_BZ2, S3Server
+from tests.encoderfiles import save_tiny_bert
+from tests.flows.test_index_rebuild import _pages, write_dump
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_secret_is_in_no_file_no_object_and_no_output(s3_server: S3Server, home: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    secret = s3_server.secret
+    assert len(secret) > 24  # distinctive: no accidental match
+    articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:6]
+    dump, index = write_dump(tmp_path, _pages(articles))
+    store = f"s3://{s3_server.bucket}/secrets-test"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))},
+           **s3_server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": store, "WIKIRAG_WORKERS": "2",
+           "PYTHONPATH": str(REPO)}
+    tiny = save_tiny_bert(tmp_path / "tiny")
+    outputs = []
+    for args in (["-v", "index-rebuild", str(dump), "--index", str(index), "--shards", "2", "--encoder", str(tiny)],
+                 ["-v", "search", "Who was Achilles?", "--json"], ["indexes", "show"],
+                 ["search", "anything", "--store", f"s3://{s3_server.bucket}/no-such-prefix"]):
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=600, check=False, preexec_fn=die_with_parent)
+        outputs.append(proc)
+    assert [p.returncode for p in outputs] == [0, 0, 0, 2], outputs[0].stderr[-3000:]
+
+    printed = [f"{p.args[3:5]}: {stream}" for p in outputs for stream in ("stdout", "stderr")
+               if secret in getattr(p, stream)]
+    written = [str(f) for f in home.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    fs = s3fs.S3FileSystem(**s3_server.options(), skip_instance_cache=True)
+    objects = fs.find(f"{s3_server.bucket}/secrets-test")
+    assert any(o.endswith("/LATEST") for o in objects) and len(objects) > 10
+    stored = [o for o in objects if secret.encode() in fs.cat_file(o)]
+    assert (printed, written, stored) == ([], [], [])
+    assert (home / "prefect").is_dir() and any((home / "prefect").rglob("*.db"))  # its database was searched too
