@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from flows.process_groups import die_with_parent
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, preexec_fn=die_with_parent)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from flows.process_groups import die_with_parent
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.retention import holders
 from rag_core.storage import Store
@@ -26,7 +27,7 @@ NQ_DEV = SHARED_DATA / "qa" / "nq_open" / "NQ-open.dev.jsonl"
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, preexec_fn=die_with_parent)
 
 
 @pytest.mark.slow

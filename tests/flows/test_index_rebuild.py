@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 
 from flows.index_rebuild import index_rebuild
 from flows.ingest import dask_runner
+from flows.process_groups import die_with_parent
 from flows.sample import SAMPLE_NAME
 from flows.settings import Settings, StoreAccess
 from rag_core.errors import GateError
@@ -213,7 +214,7 @@ def test_every_gate_failure_publishes_nothing(articles: list, tiny: Path, home: 
 
 def _cli(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=die_with_parent)
 
 
 def _one_line_error(proc: subprocess.CompletedProcess) -> str:
