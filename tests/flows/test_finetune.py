@@ -1,5 +1,5 @@
-"""`wikirag finetune`: cloze from the index's own passages and a real NQ-open file, 2 DDP processes, tracked in
-MLflow, evaluated before and after, registered with its index pinned."""
+"""`wikirag finetune` on a real NQ-open file: 2 DDP processes, tracked in MLflow, evaluated before and after,
+registered with its index pinned."""
 
 from __future__ import annotations
 
@@ -32,45 +32,38 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, tmp_path: Path) -> None:
+    """A real NQ-open file; the cloze task (questions from the index) runs in the main job's test."""
     if not NQ_DEV.exists():
         pytest.skip(f"real NQ-open file not found at {NQ_DEV}")
     home = tmp_path / "home"
     store = Store(str(home / "store"))
     encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "encoder")), dtype="float32"))
     version = publish_small_index(store, "d1", sample_passages().slice(0, 300), encoder, shards=2)
-    llama = save_tiny_llama(tmp_path / "llama")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "WIKIRAG_HOME": str(home), "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
-    common = ["--generator", str(llama), "--nproc", "2", "--max-steps", "3", "--batch-size", "4", "--n-docs", "2",
-              "--eval-examples", "6"]
+    train, dev = tmp_path / "nq-train.jsonl", tmp_path / "nq-dev.jsonl"
+    lines = NQ_DEV.read_text().splitlines()
+    train.write_text("\n".join(lines[:16]) + "\n")
+    dev.write_text("\n".join(lines[16:22]) + "\n")
 
-    first = _cli(env, "finetune", "--task", "cloze", *common)
-    assert first.returncode == 0, first.stderr[-4000:]
-    outcome = json.loads(first.stdout.strip().splitlines()[-1])
-    assert outcome["alias"] == "champion" and outcome["steps"] == 3 and outcome["index_version"] == version
+    tuned = _cli(env, "finetune", "--task", "nq", "--train", str(train), "--dev", str(dev), "--generator",
+                 str(save_tiny_llama(tmp_path / "llama")), "--nproc", "2", "--max-steps", "3", "--batch-size", "4",
+                 "--n-docs", "2", "--eval-examples", "6")
+    assert tuned.returncode == 0, tuned.stderr[-4000:]
+    outcome = json.loads(tuned.stdout.strip().splitlines()[-1])
+    assert outcome["task"] == "nq" and outcome["alias"] == "champion" and outcome["steps"] == 3
+    assert outcome["index_version"] == version
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(outcome["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
     assert {"zero_shot_em", "dev_em", "dev_f1", "zero_shot_f1", "final_loss"} <= set(run.data.metrics)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"dev", "zero_shot", "plots", "promotion.json"} <= artifacts
-    assert [v.run_id for v in client.search_model_versions("name='wikirag-cloze'")] == [run.info.run_id]
+    assert {"dev", "zero_shot", "plots", "promotion.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert [v.run_id for v in client.search_model_versions("name='wikirag-nq'")] == [run.info.run_id]
     assert run.data.tags["wikirag.index_version"] == version
-    assert holders(store, version) == ["LATEST", "pin 'mlflow:wikirag-cloze/1'"]  # the registered model's index cannot be deleted
-    assert len(store.list("tasks", "cloze")) == 1  # the cloze questions drawn from the index's passage set
-
-    # an NQ-open file (real questions; the gate's other way is in tests/tasks/test_registry.py)
-    train, dev = tmp_path / "nq-train.jsonl", tmp_path / "nq-dev.jsonl"
-    lines = NQ_DEV.read_text().splitlines()
-    train.write_text("\n".join(lines[:16]) + "\n")
-    dev.write_text("\n".join(lines[16:22]) + "\n")
-    second = _cli(env, "finetune", "--task", "nq", "--train", str(train), "--dev", str(dev), *common)
-    assert second.returncode == 0, second.stderr[-4000:]
-    nq = json.loads(second.stdout.strip().splitlines()[-1])
-    assert nq["task"] == "nq" and nq["alias"] == "champion"
-    assert client.get_model_version_by_alias("wikirag-nq", "champion").run_id == nq["run_id"]
+    assert holders(store, version) == ["LATEST", "pin 'mlflow:wikirag-nq/1'"]  # the model's index cannot be deleted
+    assert client.get_model_version_by_alias("wikirag-nq", "champion").run_id == outcome["run_id"]
 
 
 def test_finetune_refuses_a_task_without_files(tmp_path: Path) -> None:
