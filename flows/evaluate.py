@@ -9,6 +9,7 @@ name the model, the index version it was trained against and the one it read.
 from __future__ import annotations
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from flows.settings import Settings, StoreAccess, quiet_environment
 from rag_core.train.cloze import ClozeConfig
@@ -26,7 +27,7 @@ def load_model(model_uri: str, tracking_uri: str, index_version: str | None) -> 
     return load_registered_model(model_uri, tracking_uri, index_version)
 
 
-@task
+@task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def start_run(tracking_uri: str, task_kind: str, model_uri: str, model: object, closed_book: bool) -> str:
     tags = {"model_uri": model_uri, "trained_index_version": str(model.trained_index_version),
             "index_version": "none (closed book)" if closed_book else str(model.index_version)}

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from mlflow import MlflowClient
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from flows.settings import Settings, StoreAccess, quiet_environment
@@ -90,7 +91,7 @@ def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
     close_run(tracking_uri, run_id, failed=failed)
 
 
-@task
+@task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAccess, task_kind: str, metric: str,
                    value: float, margin: float, print_: str) -> Any:
     """Log the fine-tuned model as a pyfunc model of the run, register it, pin its index, gate its promotion."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from rag_core.evaluate.predictions import Evaluation, evaluate_model, predictions_jsonl
 from rag_core.model.answers import MAX_NEW_TOKENS
@@ -35,7 +36,7 @@ def load_registered_model(model_uri: str, tracking_uri: str, index_version: str 
     return pyfunc.unwrap_python_model().model
 
 
-@task
+@task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def evaluate(model: Any, examples: list[Example], *, closed_book: bool = False, batch_size: int = 8,
              max_new_tokens: int = MAX_NEW_TOKENS, mode: str = "thorough", precision: str = "float32") -> Evaluation:
     """Predictions and metrics of ``model`` on ``examples`` (progress as a bar, or a line every 30 s).
