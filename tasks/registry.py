@@ -29,6 +29,10 @@ from rag_core.index.retention import pin_version
 from rag_core.storage import Store
 from tasks.tracking import check_reachable
 
+# predict() has no type hints on purpose (MLflow would turn them into a schema that refuses a plain list of
+# questions); MLflow's advice to add them, printed wherever the model's code is loaded, is noise in every log
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
 # Consumers load the model where wikirag is installed (`pip install -e .`; `mlflow models serve --env-manager
@@ -67,11 +71,7 @@ def _tracking(uri: str) -> Iterator[None]:
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
-        with warnings.catch_warnings():
-            # predict() has no type hints on purpose: MLflow would turn them into a schema that refuses a
-            # plain list of questions; its advice to add them is noise in every log
-            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
-            yield
+        yield
     finally:
         mlflow.set_tracking_uri(previous)
 
