@@ -28,11 +28,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flows.process_groups import die_with_parent, stop_process_group  # the edge: as flows.settings below
 from rag_core.errors import WikiragError
 
 log = logging.getLogger("wikirag.train")
@@ -123,31 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- the launcher
 
 
-def _die_with_parent() -> None:
-    """``preexec_fn``: on Linux, SIGTERM this child when the thread that started it dies (even by SIGKILL)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def stop_group(pid: int, timeout: float = 30.0) -> None:
-    """SIGTERM the process group led by ``pid`` (torchrun stops its workers), then SIGKILL what is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 @contextlib.contextmanager
 def _sigterm_stops(pid: int):
     """While the job runs, the caller's SIGTERM stops its process group first (main thread only: Python's rule)."""
@@ -156,7 +131,7 @@ def _sigterm_stops(pid: int):
         return
 
     def stop(signum: int, frame: Any) -> None:
-        stop_group(pid)
+        stop_process_group(pid, timeout=30.0)
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
@@ -204,7 +179,7 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         errors: list[str] = []  # the workers' one-line errors: torchrun's own report can push them out of the tail
         proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True, preexec_fn=_die_with_parent)
+                                text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
         log.info("training job started (pid %d, its own process group): %d process(es), output %s", proc.pid,
                  nproc, config.output)
         reader = threading.Thread(target=_relay, args=(proc.stdout, tail, errors), daemon=True)
@@ -213,7 +188,7 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
             with _sigterm_stops(proc.pid):
                 code = proc.wait(timeout=timeout)
         except BaseException:
-            stop_group(proc.pid)
+            stop_process_group(proc.pid, timeout=30.0)
             raise
         finally:
             reader.join(timeout=10)
