@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from flows import stop_signals
 from flows.cli_indexes import add_indexes
 from flows.search import SearchConfig
 from flows.settings import Settings, quiet_environment
@@ -71,10 +72,11 @@ def _configure_logging(verbose: bool) -> None:
 
 
 class _ExpectedErrorFilter(logging.Filter):
-    """Bad input is explained by one line; its traceback would only bury that line."""
+    """Bad input, or a stop, is explained by one line; its traceback would only bury that line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], WikiragError):
+        # After a stop signal, a failure is its consequence: the one line main() prints says so.
+        if record.exc_info and (isinstance(record.exc_info[1], WikiragError) or stop_signals.received()):
             record.exc_info = None
             record.exc_text = None
         return True
@@ -393,20 +395,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, _exit_on_signal)
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
-    try:
-        settings = read_settings(args)
-        # Prefect takes its home only from the environment, when first imported; Dask workers inherit it.
-        os.environ.setdefault("PREFECT_HOME", str(settings.prefect_home))
-        return args.func(args, settings)
-    except (WikiragError, ValidationError) as exc:
-        if args.verbose:
-            log.exception("failed")
-        text = f"{exc.title}: {describe_errors(exc)}" if isinstance(exc, ValidationError) else str(exc)
-        print(f"wikirag: error: {text}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("wikirag: interrupted; staged parts are kept and a rerun resumes", file=sys.stderr)
-        return 130
+    with stop_signals.recording():
+        try:
+            settings = read_settings(args)
+            # Prefect takes its home only from the environment, when first imported; Dask workers inherit it.
+            os.environ.setdefault("PREFECT_HOME", str(settings.prefect_home))
+            return args.func(args, settings)
+        except (WikiragError, ValidationError) as exc:
+            if args.verbose:
+                log.exception("failed")
+            text = f"{exc.title}: {describe_errors(exc)}" if isinstance(exc, ValidationError) else str(exc)
+            print(f"wikirag: error: {text}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("wikirag: interrupted; staged parts are kept and a rerun resumes", file=sys.stderr)
+            return 130
+        except Exception:
+            # A stop signal whose exception library code turned into an error of its own: still a stop.
+            if (signum := stop_signals.received()) is None:
+                raise
+            if args.verbose:
+                log.exception("stopped")
+            how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            print(f"wikirag: {how}; staged parts are kept and a rerun resumes", file=sys.stderr)
+            return 128 + signum
 
 
 if __name__ == "__main__":

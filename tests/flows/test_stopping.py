@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -108,6 +111,147 @@ def test_sigterm_mid_embedding_stops_everything_within_30_s_and_the_rerun_resume
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert rerun.stderr.count("already embedded") >= len(finished)  # resumed: finished ranges were not encoded again
     assert latest_version(Store(str(home / "store"))) == rerun.stdout.strip()
+
+
+class Stop(NamedTuple):
+    stage: str
+    signum: int
+    when: str  # a log line of the stage (regular expression): the signal goes as soon as it is printed
+
+
+# One store, one dump, each run stopped one stage later than the last and resuming its work (mid-embedding:
+# the test above).
+STOPS = [Stop("ingest (parsing)", signal.SIGINT, r"shard \d+/\d+: .* passages"),
+         Stop("index build and gates", signal.SIGTERM, r"index \d+/\d+: .* vectors")]
+
+
+def _interruptible() -> None:
+    """``preexec_fn``: SIGINT handled as at a terminal (a shell's background job inherits it ignored), and the
+    parent-death signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    die_with_parent()
+
+
+def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, str, float, float, dict[int, str]]:
+    """Start the command, signal it when ``stop.when`` is logged.
+
+    Returns the exit status, stderr, seconds to the signal, seconds from the signal to the exit, and every
+    process it started.
+    """
+    started = time.monotonic()
+    proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_interruptible)
+    lines: list[str] = []
+    reached = threading.Event()
+
+    def read() -> None:  # the workers log into the same stream: every stage's lines arrive here
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if re.search(stop.when, line):
+                reached.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while not reached.is_set() and proc.poll() is None and time.monotonic() < deadline:
+            seen |= _descendants(proc.pid)
+            reached.wait(0.2)
+        seen |= _descendants(proc.pid)
+        assert reached.is_set() and proc.poll() is None, "".join(lines)[-3000:]
+        signalled = time.monotonic()
+        ran_for = signalled - started
+        # SIGINT as Ctrl-C sends it, to the whole foreground group (the Dask workers too); SIGTERM as a scheduler
+        # or `kill` sends it, to the command alone.
+        if stop.signum == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(stop.signum)
+        proc.wait(timeout=120)
+        stopped_in = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines), ran_for, stopped_in, seen
+
+
+def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_resumes(
+        wiki: Path, home: Path, tmp_path: Path, prefect_server: str) -> None:
+    from tests.encoderfiles import save_tiny_bert
+
+    articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:10]
+    dump, index = write_dump(tmp_path, _pages(articles))
+    env = {**os.environ, "WIKIRAG_WORKERS": "2", "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
+    args = [sys.executable, "-m", "flows.cli", "index-rebuild", str(dump), "--index", str(index), "--shards", "4",
+            "--encoder", str(save_tiny_bert(tmp_path / "tiny")), "--encoder-dtype", "float32"]
+    store = home / "store"
+    figures = []
+    for stop in STOPS:
+        code, stderr, ran_for, stopped_in, seen = _run_until(args, env, stop)
+        figures.append(f"{stop.stage}: {signal.Signals(stop.signum).name} after {ran_for:.1f} s -> exit {code} in "
+                       f"{stopped_in:.1f} s, {len(seen)} processes it started")
+        assert code == 128 + stop.signum, (stop.stage, stderr[-3000:])
+        assert stopped_in < STOP_WITHIN_S, (stop.stage, stderr[-3000:])
+        assert len(seen) >= 2, seen  # its Dask workers, at least
+        time.sleep(1)  # a stopped child's exit is reaped by init within moments
+        assert _still_running(seen) == [], stop.stage
+        assert not (store / "indexes" / "LATEST").exists(), stop.stage
+        if stop.signum == signal.SIGINT:
+            assert "wikirag: interrupted; staged parts are kept and a rerun resumes" in stderr
+        if stop.stage.startswith("ingest"):  # parts parsed before the signal are staged for the next run
+            staged = len(list(store.glob("passages/_staging/*/*/part-*.json")))
+            assert 1 <= staged < 4, staged
+        else:
+            assert len(re.findall(r"shard \d+/\d+: .* passages", stderr)) == 4 - staged  # the staged parts reused
+            assert len(list(store.glob("embeddings/*/*/rows-*.json"))) == 4  # every shard embedded before the index
+    started = time.monotonic()
+    rerun = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+                           preexec_fn=die_with_parent, check=False)
+    print("\n".join(figures), f"\nthe rerun published in {time.monotonic() - started:.1f} s")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stderr.count("already embedded") == 4  # nothing encoded again
+    assert latest_version(Store(str(store))) == rerun.stdout.strip()
+
+
+def test_a_stop_signal_that_library_code_turns_into_another_error_is_still_a_stop(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """What stopping an index build once gave (exit 1, a traceback): Prefect's SIGTERM handler raised inside a
+    pydantic serializer, and pydantic-core turned its exception into a PydanticSerializationError."""
+    from pydantic import BaseModel, model_serializer
+
+    import flows.cli
+
+    class TerminationSignal(BaseException):  # as Prefect's: a BaseException raised by its SIGTERM handler
+        pass
+
+    def raise_termination(signum: int, _frame: object) -> None:
+        raise TerminationSignal(signum)
+
+    class State(BaseModel):
+        name: str = "Running"
+
+        @model_serializer(mode="wrap")
+        def _ser_model(self, handler):  # the signal lands while serializing a state for the API
+            os.kill(os.getpid(), signal.SIGTERM)
+            return handler(self)
+
+    def command(args: object, settings: object) -> int:
+        signal.signal(signal.SIGTERM, raise_termination)
+        State().model_dump()
+        return 0
+
+    saved = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(flows.cli, "cmd_passages", command)
+    try:
+        code = flows.cli.main(["passages"])
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    assert (code, capsys.readouterr().err) == (
+        143, "wikirag: stopped by SIGTERM; staged parts are kept and a rerun resumes\n")
 
 
 @pytest.mark.skipif(os.environ.get("WIKIRAG_TEST_HOLD") != "1", reason="run by the test below, inside a pytest it kills")

@@ -1,0 +1,57 @@
+"""Which stop signal (SIGTERM, SIGHUP, SIGINT) reached the command, whatever became of its handler's exception.
+
+While a flow runs, Prefect puts its own SIGTERM handler in place of the
+CLI's; the exception it raises lands wherever the main thread happens to be,
+and the code there may turn it into an error of its own: pydantic-core wraps
+it into a ``PydanticSerializationError`` when it lands inside a serializer
+(seen stopping an index build: exit status 1 and a traceback instead of 143).
+The interpreter writes the number of every signal that has a Python handler
+to a wakeup file descriptor before any handler runs, so this record holds
+whichever handler ran and whatever its exception became.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+_received: list[int] = []
+_read_fd: int | None = None
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """Record the signals that reach this process while the block runs (main thread only; elsewhere a no-op)."""
+    global _read_fd
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: nothing can be recorded (nor can handlers be installed)
+        os.close(read_fd)
+        os.close(write_fd)
+        yield
+        return
+    _received.clear()
+    _read_fd = read_fd
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        received()
+        _read_fd = None
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def received() -> int | None:
+    """The first stop signal that has reached the process while recording, or None."""
+    if _read_fd is not None:
+        with contextlib.suppress(BlockingIOError):
+            while data := os.read(_read_fd, 512):
+                _received.extend(data)
+    return next((s for s in _received if s in STOP_SIGNALS), None)
