@@ -13,10 +13,10 @@ worker's settings once and passes them in. Without Prefect, the same build is
 from __future__ import annotations
 
 from prefect import flow, task, unmapped
-from prefect.futures import wait
 
 from flows.ingest import dask_runner, ingest
 from flows.settings import Settings, StoreAccess, quiet_environment
+from flows.shard_runs import wait_for_shards
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
@@ -66,12 +66,12 @@ def index_rebuild(
         return current
     shard_ids = list(range(plan.num_shards))
     embedding_runs = embed_passages.map(unmapped(target), unmapped(plan), shard_ids)
-    wait(embedding_runs)  # finished shards stay on the store even when one fails: a rerun skips them
+    wait_for_shards(embedding_runs)  # finished shards stay on the store even when one fails: a rerun skips them
     embedded = embedding_runs.result()
     embed_gates = enforce_index_gate(target, plan, "embeddings", gate_embeddings(plan, embedded))
 
     index_runs = build_index_shard.map(unmapped(target), unmapped(plan), shard_ids)
-    wait(index_runs)
+    wait_for_shards(index_runs)
     built = index_runs.result()
     index_gates = enforce_index_gate(target, plan, "index", gate_index(plan, built))
 

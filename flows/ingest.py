@@ -11,10 +11,10 @@ and passes them in.
 from __future__ import annotations
 
 from prefect import flow, unmapped
-from prefect.futures import wait
 from prefect_dask import DaskTaskRunner
 
 from flows.settings import Settings, StoreAccess, quiet_environment
+from flows.shard_runs import wait_for_shards
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.ingest import IngestConfig
 from tasks.ingest import (
@@ -73,7 +73,7 @@ def ingest(config: IngestConfig, store: StoreAccess) -> str:
 
     if plan.shards:
         shard_runs = ingest_shard.map(unmapped(dump), plan.shards, unmapped(target), unmapped(plan), unmapped(config))
-        wait(shard_runs)  # healthy shards finish and stay staged even when one fails: a rerun reuses them
+        wait_for_shards(shard_runs)  # healthy shards finish and stay staged even when one fails: a rerun reuses them
         records = shard_runs.result()
     else:
         records = ingest_stream.submit(dump, target, plan, config).result()

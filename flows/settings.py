@@ -44,6 +44,32 @@ def quiet_environment() -> None:
         os.environ.setdefault(key, value)
 
 
+# A store that is down for a few seconds (a restart, a failover) is ridden through; one that stays down ends the
+# command with one line within a bounded time. See docs/operations.md, "Storage outage", for the figures.
+STORE_RETRIES = 7
+S3_CONNECT_TIMEOUT_S = 5
+S3_READ_TIMEOUT_S = 30  # silence on an open connection; a frozen server costs this much per attempt
+
+
+def s3_config(retries: int = STORE_RETRIES) -> dict[str, Any]:
+    """botocore's client settings for the store: ``retries`` retries in its "standard" mode.
+
+    Standard mode retries connection errors (refused, reset, timed out), HTTP 500/502/503/504, throttling
+    and RequestTimeout, sleeping ``random(0, 1) * min(2 ** (i - 1), 20)`` seconds before retry ``i``
+    (exponential backoff with full jitter): for 7 retries at most 1 + 2 + 4 + 8 + 16 + 20 + 20 = 71 s in
+    all, 35.5 s on average, and 5 s or less about twice in 100,000 requests (so an outage of a few seconds
+    is ridden through). A client also stops retrying once its retry quota (500 tokens, 5 a retry, 10 a
+    timeout) is spent.
+    """
+    return {"connect_timeout": S3_CONNECT_TIMEOUT_S, "read_timeout": S3_READ_TIMEOUT_S,
+            "retries": {"mode": "standard", "total_max_attempts": retries + 1}}
+
+
+def retry_window_s(retries: int = STORE_RETRIES) -> float:
+    """The longest botocore sleeps between the attempts of one request: the backoff's worst case."""
+    return float(sum(min(2 ** i, 20) for i in range(retries)))
+
+
 def is_s3(url: str) -> bool:
     return url.startswith(("s3://", "s3a://"))
 
@@ -82,6 +108,9 @@ class Settings(BaseSettings):
     store: str | None = Field(None, description="store URL (path, file://, s3://bucket/prefix); default <home>/store")
     dask_address: str | None = Field(None, description="scheduler of an existing Dask cluster; default a local one")
     workers: int = Field(max(1, os.cpu_count() or 1), ge=1, description="workers of the local Dask cluster")
+    store_retries: int = Field(STORE_RETRIES, ge=0, le=10,
+                               description="retries of a failed S3 request (timeouts, 5xx, throttling, connection "
+                                           "refused or reset), with exponential backoff and jitter")
 
     # The standard AWS variables, read without the prefix.
     aws_access_key_id: str | None = Field(None, validation_alias="AWS_ACCESS_KEY_ID")
@@ -128,10 +157,7 @@ class Settings(BaseSettings):
 
     def s3_options(self) -> dict[str, Any]:
         """fsspec options for s3:// URLs: credentials, endpoint and region from the environment."""
-        options: dict[str, Any] = {
-            # Fail in seconds, not minutes, when the endpoint is down.
-            "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}},
-        }
+        options: dict[str, Any] = {"config_kwargs": s3_config(self.store_retries)}
         if self.aws_access_key_id:
             options["key"] = self.aws_access_key_id
         if self.aws_secret_access_key:

@@ -30,8 +30,18 @@ class DamagedFileError(StoreError, ValueError):
     A ValueError too, so that cleanup that tolerates unreadable records keeps doing so.
     """
 
+class StoreUnreachableError(StoreError):
+    """The store did not answer, or answered with a server error, through every retry: a run should stop, not go on
+    meeting the same dead store shard after shard."""
+
+
+S3FS_TRIES = 2  # s3fs's tries of a call when botocore's retries are configured (see Store._fs_and_root)
 _CREDENTIAL_HINT = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
 _ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or WIKIRAG_STORE) and that the server is running"
+_RERUN_HINT = "then rerun (a rebuild reuses finished work)"
+# Connection refused, reset or timed out, after botocore's retries (names: no common base we can import cheaply).
+_UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ReadTimeoutError",
+                "ConnectionClosedError", "ServerDisconnectedError"}
 
 
 def join_url(base: str, *parts: str) -> str:
@@ -68,15 +78,30 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         text = str(exc)
         if name == "NoCredentialsError" or "Unable to locate credentials" in text:
             raise StoreError(f"{url}: no credentials for the store; {_CREDENTIAL_HINT}") from exc
-        if name in {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError"} or isinstance(
-            exc, (ConnectionError, TimeoutError)
-        ):
-            raise StoreError(f"{url}: store unreachable ({name}); {_ENDPOINT_HINT}") from exc
+        if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
+            raise StoreUnreachableError(f"{url}: {action} failed: store unreachable ({name}); {_ENDPOINT_HINT}, "
+                                        f"{_RERUN_HINT}") from exc
+        if (status := _server_error(exc)) is not None:
+            raise StoreUnreachableError(f"{url}: {action} failed: the store answered HTTP {status} ({_reason(exc)}); "
+                                        f"{_ENDPOINT_HINT}, {_RERUN_HINT}") from exc
         if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             raise StoreError(f"{url}: the bucket does not exist; create it first") from exc
         if any(code in text for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden")):
             raise StoreError(f"{url}: {action} refused by the store ({_reason(exc)}); {_CREDENTIAL_HINT}") from exc
         raise
+
+
+def _server_error(exc: BaseException) -> int | None:
+    """The HTTP status (5xx) of a server error behind ``exc`` (s3fs wraps botocore's ClientError in an OSError)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return None
+        status = (getattr(seen, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(status, int) and status >= 500:
+            return status
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _reason(exc: BaseException) -> str:
@@ -100,6 +125,11 @@ class Store:
     def _fs_and_root(self) -> tuple[fsspec.AbstractFileSystem, str]:
         with translate_errors(self.url, "connecting"):
             fs, root = url_to_fs(self.url, **dict(self.options))
+        if "retries" in (self.options.get("config_kwargs") or {}) and hasattr(fs, "retries"):
+            # s3fs repeats timed-out and cut-short calls in a loop of its own (5 tries; a class attribute, not an
+            # option) around botocore's retries: with botocore's retries set explicitly, s3fs gets one more try
+            # only (a body read cut short, which botocore does not retry), so that the two loops do not multiply.
+            fs.retries = min(fs.retries, S3FS_TRIES)
         return fs, root.rstrip("/")
 
     @property

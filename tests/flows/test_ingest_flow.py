@@ -140,7 +140,8 @@ def test_cli_bad_inputs_give_one_line_and_publish_nothing(wiki: Path, home: Path
     assert last.startswith(f"wikirag: error: s3://{s3_server.bucket}/cli: writing refused by the store")
     assert "wrong-secret" not in proc.stderr + proc.stdout
 
-    unreachable = {**env, **s3_server.env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    # No retries: the default's backoff (up to 71 s) would only make this test slower.
+    unreachable = {**env, **s3_server.env(), "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "WIKIRAG_STORE_RETRIES": "0"}
     proc = _cli("ingest", str(SAMPLE_BZ2), "--store", f"s3://{s3_server.bucket}/cli", env=unreachable)
     assert proc.returncode == 2 and "store unreachable" in proc.stderr.strip().splitlines()[-1]
 

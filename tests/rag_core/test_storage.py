@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rag_core.errors import StoreError
-from rag_core.storage import Store
+from rag_core.storage import Store, StoreUnreachableError, translate_errors
 from tests.conftest import S3Server
 
 
@@ -61,6 +61,19 @@ def test_unreachable_store(tmp_path: Path) -> None:
                "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}
     with pytest.raises(StoreError, match="unreachable.*AWS_ENDPOINT_URL"):
         Store("s3://bucket/prefix", options).check_writable()
+
+
+def test_a_server_error_through_the_retries_is_an_unreachable_store() -> None:
+    """botocore's last 503, as s3fs hands it on (an OSError caused by the ClientError): one line, and the kind of
+    error that stops a stage's other shards."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    busy = ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "Please reduce your request rate."},
+                        "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetObject")
+    expected = r"s3://b/p/x: reading failed: the store answered HTTP 503 \(.*\); check AWS_ENDPOINT_URL.*then rerun"
+    with pytest.raises(StoreUnreachableError, match=expected), translate_errors("s3://b/p/x", "reading"):
+        raise translate_boto_error(busy)
 
 
 def test_unwritable_local_store(tmp_path: Path) -> None:

@@ -1,0 +1,211 @@
+"""Guarantee: the S3 server dying mid-run is one line, exit 2, nothing incomplete visible; a short outage is ridden through.
+
+A SeaweedFS server of the test's own (the session's ``s3_server`` serves other
+tests) is SIGKILLed, its whole process group at once, while ``wikirag
+index-rebuild`` runs through the CLI against it with credentials in the
+environment. The stage is read off the store itself, listed as the command
+writes: the first embedding-range record (shards still embedding), the first
+FAISS shard of the new version (the index build under way), a new version's
+plan (a rerun about to embed and build). Then the server comes back on the
+same data and port, as a restarted store would. Publishing is one PUT of the
+manifest and then one of LATEST: no listing from outside lands a kill between
+the last shard and it reliably (it was tried: the version was already
+published when the kill came).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+import s3fs
+
+from flows.cli import main
+from flows.process_groups import die_with_parent
+from flows.settings import Settings, retry_window_s
+from rag_core.wiki.dumps import DumpSource, iter_pages
+from tests.conftest import SAMPLE_BZ2, S3Server, SeaweedFS
+from tests.encoderfiles import save_tiny_bert
+from tests.flows.test_index_rebuild import _pages, write_dump
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+RECORD = re.compile(r"embeddings/[^/]+/[^/]+/rows-[^/]+\.json")
+SHARD_IDS = re.compile(r"indexes/([^/]+)/shard-\d+\.ids\.parquet")
+PLAN = re.compile(r"indexes/([^/]+)/plan\.json")
+# Past the retries' worst case, a failed run still closes its Dask cluster (15 s at most) and its Prefect flow run.
+CLOSE_S = 45
+
+
+@pytest.fixture
+def seaweed(tmp_path: Path) -> Iterator[SeaweedFS]:
+    (tmp_path / "seaweedfs").mkdir()
+    server = SeaweedFS(tmp_path / "seaweedfs")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster(prefect_server: str) -> Iterator[str]:
+    """A Dask cluster the test's runs share (as a team would share one): started once, not once a run."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", env={"PREFECT_API_URL": prefect_server}) as local:
+        yield local.scheduler_address
+
+
+def _dump(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:n]
+    return write_dump(tmp_path, _pages(articles))
+
+
+def _env(seaweed: SeaweedFS, home: Path, store: str, prefect_server: str, cluster: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WIKIRAG_"))}
+    return {**env, **seaweed.server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": store,
+            "WIKIRAG_DASK_ADDRESS": cluster, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO)}
+
+
+class Run:
+    """``wikirag ARGS`` as a subprocess whose stderr is read line by line as it is printed."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args, self.started = args, time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, cwd=REPO, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+        self.lines: list[str] = []
+        self.out: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
+                         for stream, into in ((self.proc.stderr, self.lines), (self.proc.stdout, self.out))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: IO[str], into: list[str]) -> None:
+        into.extend(stream)
+
+    def wait_for(self, done: Callable[[], bool], timeout: float = 300) -> float:
+        """Block until ``done()`` while the command runs; the monotonic time it became true."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert self.proc.poll() is None, "".join(self.lines)[-3000:]
+            assert time.monotonic() < deadline, "".join(self.lines)[-3000:]
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) once it ends."""
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        for reader in self._readers:
+            reader.join(timeout=10)
+        print(f"wikirag {self.args[0]}: exit {self.proc.returncode} in {time.monotonic() - self.started:.1f} s")
+        return self.proc.returncode, "".join(self.out), "".join(self.lines)
+
+
+def _objects(seaweed: SeaweedFS, prefix: str) -> list[str]:
+    fs = s3fs.S3FileSystem(**seaweed.server.options(), skip_instance_cache=True)
+    return sorted(o.removeprefix(f"{prefix}/") for o in fs.find(prefix))
+
+
+def _matching(pattern: re.Pattern[str], objects: list[str]) -> list[str]:
+    """The objects that match ``pattern``, or its group when it has one."""
+    return [m.group(pattern.groups) for o in objects if (m := pattern.fullmatch(o))]
+
+
+def _visible(objects: list[str]) -> list[str]:
+    """What readers can see of the index: LATEST and the manifests of published versions."""
+    return [o for o in objects if o.startswith("indexes/") and o.endswith(("/LATEST", "/manifest.json"))]
+
+
+def _killed_when(seaweed: SeaweedFS, args: list[str], env: dict[str, str], retries: int,
+                 stage: Callable[[], bool], name: str) -> None:
+    """Run ``args``, SIGKILL the server once ``stage()``; the command must end in one line within its retries' worst
+    case, exit 2, no traceback. The server is back when this returns."""
+    run = Run(args, {**env, "WIKIRAG_STORE_RETRIES": str(retries)})
+    killed = run.wait_for(stage)
+    seaweed.kill()
+    code, out, stderr = run.finish()
+    failed_in = time.monotonic() - killed
+    seaweed.start()
+    last = stderr.strip().splitlines()[-1]
+    print(f"{name}: exit {code} {failed_in:.1f} s after the kill: {last}")
+    assert code == 2 and out == "", stderr[-3000:]
+    assert last.startswith(f"wikirag: error: {env['WIKIRAG_STORE']}/") and "store unreachable" in last, stderr[-3000:]
+    assert "check AWS_ENDPOINT_URL (or WIKIRAG_STORE) and that the server is running, then rerun" in last
+    assert "Traceback" not in stderr, stderr[-5000:]
+    assert failed_in < retry_window_s(retries) + CLOSE_S
+
+
+def test_a_dead_store_is_one_line_and_nothing_visible_a_short_outage_is_ridden_through_the_rerun_publishes(
+        seaweed: SeaweedFS, home: Path, tmp_path: Path, prefect_server: str, cluster: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    dump, index = _dump(tmp_path, 5)
+    prefix = f"{seaweed.server.bucket}/outage"
+    env = _env(seaweed, home, f"s3://{prefix}", prefect_server, cluster)
+    # Eight shards on two workers: at the first finished shard, at least five are still to embed.
+    args = ["index-rebuild", str(dump), "--index", str(index), "--shards", "8",
+            "--encoder", str(save_tiny_bert(tmp_path / "tiny")), "--encoder-dtype", "float32"]
+
+    # 1. Killed while shards embed: two retries (at most 3 s of backoff), then one line.
+    _killed_when(seaweed, args, env, 2, lambda: len(_matching(RECORD, _objects(seaweed, prefix))) >= 1, "mid-embedding")
+    objects = _objects(seaweed, prefix)
+    finished = _matching(RECORD, objects)
+    assert 1 <= len(finished) < 8 and _visible(objects) == [], objects
+
+    # 2. Killed as the index build writes its first shard (at least five still to build): one retry, then one line.
+    _killed_when(seaweed, args, env, 1, lambda: len(_matching(SHARD_IDS, _objects(seaweed, prefix))) >= 1,
+                 "mid-index-build")
+    objects = _objects(seaweed, prefix)
+    assert 1 <= len(_matching(SHARD_IDS, objects)) < 8, objects
+    assert _visible(objects) == [], objects  # shard files without a manifest: nobody sees them
+    assert set(_matching(RECORD, objects)) >= set(finished)  # the first run's finished ranges were kept
+
+    # 3. The rerun, with the default retries (up to 71 s of backoff), meets a 2 s outage as soon as it has planned
+    # its version (its embedding and index stages follow): ridden through, it publishes.
+    planned = set(_matching(PLAN, objects))
+    run = Run(args, env)
+    killed = run.wait_for(lambda: bool(set(_matching(PLAN, _objects(seaweed, prefix))) - planned))
+    seaweed.kill()
+    time.sleep(2)
+    seaweed.start()
+    print(f"outage: {time.monotonic() - killed:.1f} s")
+    code, out, stderr = run.finish()
+    assert code == 0, stderr[-3000:]
+    assert "will start" not in stderr and "Retry" not in stderr  # botocore's retries rode it through, not Prefect's
+    version = out.strip()
+    assert set(_visible(_objects(seaweed, prefix))) == {"indexes/LATEST", f"indexes/{version}/manifest.json"}
+    for key in ("WIKIRAG_STORE", *seaweed.server.env()):
+        monkeypatch.setenv(key, env[key])
+    capsys.readouterr()
+    assert main(["search", "What is anarchism?", "-k", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["title"] == "Anarchism"
+
+
+def test_the_retry_setting_reaches_botocore_and_bounds_s3fs(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WIKIRAG_STORE_RETRIES becomes botocore's standard-mode attempts on the client a Store really uses, and s3fs's
+    loop around them is cut to two tries, so the two do not multiply."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WIKIRAG_STORE_RETRIES", "3")
+    store = Settings(store=f"s3://{s3_server.bucket}/retry-policy").open_store()
+    store.check_writable()  # a real request: the client exists now
+    assert store.fs.s3.meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
+    assert (store.fs.retries, retry_window_s(3), retry_window_s()) == (2, 7.0, 71.0)
+
