@@ -42,6 +42,10 @@ class BoundedLocalCluster(LocalCluster):
         try:
             return super().close(timeout=self.close_timeout if timeout is None else timeout)
         except TimeoutError:
+            if not pids:
+                # No worker process to kill: seen at interpreter exit (distributed's atexit hook closes leftover
+                # clusters with a 10 s limit), where a warning would only go to an already closed stream.
+                return None
             log.warning("the local Dask cluster did not close within %.0f s; killing its worker processes %s",
                         self.close_timeout if timeout is None else timeout, pids)
             for pid in pids:
