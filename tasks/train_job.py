@@ -117,7 +117,12 @@ def _dask_retrievers(address: str | None, share: str) -> Iterator[Any]:
     from tasks.distributed_search import DaskRetriever
 
     opened: list[Any] = []
-    with Client(address, set_as_default=False) as client:
+    try:
+        client = Client(address, set_as_default=False)
+    except OSError as exc:  # distributed's connection timeout is an OSError
+        raise TrainingJobError(f"--dask-address {address}: no Dask scheduler answers there ({exc}); start one "
+                               "or leave the option out to load the index in each process") from exc
+    with client:
 
         def open_retriever(store: Any, version: str | None) -> Any:
             opened.append(DaskRetriever.load(client, store, version, share=share))
