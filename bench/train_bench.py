@@ -15,8 +15,11 @@ passages of the Wikipedia sample and the cloze task drawn from them (rag_core.tr
   retrieved passage (padding not counted) and the question tokens of the question encoder.
 - **projection** (an estimate, not a measurement): the RAG paper's NQ fine-tune on one H200 at an
   assumed utilisation of its bf16 dense peak; the assumptions are printed with the figure.
-- **memory per rank** for 21M passages: what ``IndexRetriever.load`` holds, per passage bytes measured
-  on this index and scaled (docs/architecture.md, "What a training rank holds").
+- **memory per rank**: the peak RSS of each rank (psutil, sampled) in the 2-process runs, retrieving
+  in process (each rank loads the index) and, in one more 2-process run, through a local Dask
+  cluster holding the index once (``--dask-address``; the worker's peak RSS beside it); and for
+  21M passages what a rank holds either way, per passage bytes measured on this index and scaled
+  (docs/architecture.md, "What a training rank holds").
 
 The generator is the fetched SmolLM2-135M-Instruct (``wikirag models fetch``; ``--home`` or
 ``--generator DIR``); without it the bench says so and falls back to a tiny random BART
@@ -31,6 +34,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,22 +120,57 @@ def stream(config, train_examples, steps: int):
     return [train_examples[int(orders[p // n][p % n])] for p in range(steps * config.batch_size)]
 
 
-def rank_memory(retriever, parameters: int) -> list[tuple[str, float, str]]:
-    """(what, bytes for 21M passages, how) held by one rank that loads its own IndexRetriever."""
+class PeakRss:
+    """Peak resident memory of this process's descendants while a job runs: torchrun's ranks and Dask workers."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.every, self.ranks, self.workers = every, {}, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.wait(self.every):
+            for child in me.children(recursive=True):
+                try:
+                    line, rss = " ".join(child.cmdline()), child.memory_info().rss
+                except psutil.Error:  # ended between the listing and the reading
+                    continue
+                kind = (self.ranks if "tasks.train_job" in line and "torch.distributed.run" not in line else
+                        self.workers if "spawn_main" in line else None)
+                if kind is not None:
+                    kind[child.pid] = max(kind.get(child.pid, 0), rss)
+
+
+def rank_memory(retriever, parameters: int, per_rank_batch: int, n_docs: int) -> list[tuple[str, float, float, str]]:
+    """(what, bytes held by one rank for 21M passages when it loads its own IndexRetriever, bytes when it retrieves
+    through the Dask-held index, how)."""
     from rag_core.index.faiss_index import HNSW_EXTRA_BYTES, HNSW_M, choose_factory
 
     dim, rows = retriever.index.dim, retriever.index.ntotal
     columns = sum(col.nbytes for shard in retriever.index._columns for col in shard.values()) / rows
     factory = choose_factory(FULL_WIKIPEDIA, dim)
     faiss_bytes = 4 * dim + 8 * HNSW_M + HNSW_EXTRA_BYTES if factory.startswith("HNSW32") else 4 * dim
-    n = FULL_WIKIPEDIA
-    return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, (f"{factory} (the auto rule at 21M, no budget): "
-             f"{faiss_bytes} B/passage at d={dim}")),
-            ("passage ids, titles, texts (`ShardedIndex._columns`, Arrow)", n * columns,
-             f"{columns:.0f} B/passage, measured on these {rows} sample passages"),
-            ("stored vectors (`IndexRetriever.vectors`, float32)", n * 4 * dim, f"4 x {dim} B/passage"),
+    n, found = FULL_WIKIPEDIA, per_rank_batch * n_docs
+    return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, 0, (f"{factory} (the auto rule at 21M, no "
+             f"budget): {faiss_bytes} B/passage at d={dim}; with Dask: on the workers")),
+            ("passage ids, titles, texts (`ShardedIndex._columns`, Arrow)", n * columns, found * columns,
+             (f"{columns:.0f} B/passage, measured on these {rows} sample passages; with Dask: the {found} passages "
+              f"of a micro-batch ({per_rank_batch} questions x {n_docs})")),
+            ("stored vectors (`IndexRetriever.vectors`, float32)", n * 4 * dim, found * 4 * dim,
+             f"4 x {dim} B/passage; with Dask: those of the micro-batch's passages"),
             ("question encoder + generator: float32 weights, gradients, Adam m and v", 16 * parameters,
-             f"16 B x {parameters / 1e6:.1f}M parameters (independent of the index)")]
+             16 * parameters, f"16 B x {parameters / 1e6:.1f}M parameters (independent of the index)")]
 
 
 def main() -> int:
@@ -141,11 +180,14 @@ def main() -> int:
     parser.add_argument("--generator", help="generator folder (overrides --home)")
     parser.add_argument("--passages", type=int, default=300, help="sample passages in the index")
     parser.add_argument("--n-docs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=8, help="global batch (the same for 1 and 2 processes)")
-    parser.add_argument("--grad-accum", type=int, default=4, help="micro-batches per step on each rank (same global "
-                        "batch; keeps a rank's activations small: SmolLM2 ~1.3 GB per example in a micro-batch)")
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch (the same for 1 and 2 processes; "
+                        "the paper: 128; at 8 a step's fixed cost, the all-reduce of every gradient and the optimizer "
+                        "step on each rank, weighs twice as much per example)")
+    parser.add_argument("--micro-batch", type=int, default=2, help="examples per micro-batch on each rank, the same "
+                        "for 1 and 2 processes (grad_accum = batch / (processes x micro-batch); keeps a rank's "
+                        "activations small: SmolLM2 ~1.3 GB per example in a micro-batch)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per training run; the first warms up "
-                        "(SmolLM2 with 1 thread: ~45 s a step, so 2 keeps the run under 15 minutes)")
+                        "(SmolLM2 with 1 thread, batch 16: ~40 s a step on 1 process, so 2 keeps the run near 12 minutes)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eval-examples", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=8, help="answer tokens in evaluation (cloze spans are short)")
@@ -175,17 +217,33 @@ def main() -> int:
         root = Path(tmp)
         store, version, task, generator, described = build_inputs(root, args, default_encoder_config())
         config = TrainConfig(task="cloze", train=str(root / "train.jsonl"), generator=generator, n_docs=args.n_docs,
-                             batch_size=args.batch_size, grad_accum=args.grad_accum, max_steps=args.steps, checkpoint_every=0, threads=1,
+                             batch_size=args.batch_size, max_steps=args.steps, checkpoint_every=0, threads=1,
                              schedule="constant", output="runs/bench")
         rates: dict[int, list[float]] = {1: [], 2: []}
+        rss: dict[str, list[int]] = {"in process": [], "dask": [], "dask worker": []}
+
+        def train(nproc: int, output: str, **launch):
+            accum = args.batch_size // (nproc * args.micro_batch)
+            run_config = config.model_copy(update={"output": output, "grad_accum": accum})
+            with PeakRss() as peak:
+                result = launch_training(run_config, nproc, store_url=store.url, timeout=600, **launch)
+            return result, peak
+
         for repeat in range(args.repeats):
             for nproc in (1, 2):
-                run_config = config.model_copy(update={"output": f"runs/r{repeat}-p{nproc}"})
-                result = launch_training(run_config, nproc, store_url=store.url, timeout=600)
+                result, peak = train(nproc, f"runs/r{repeat}-p{nproc}")
                 rates[nproc].append(result.examples_per_s)
+                if nproc == 2:
+                    rss["in process"] += peak.ranks.values()
                 print(f"# repeat {repeat + 1}: {nproc} process(es) {result.examples_per_s:.3f} examples/s, "
                       f"precision {result.precision}", file=sys.stderr)
         precision = result.precision
+        from distributed import LocalCluster
+
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address="127.0.0.1:0") as cluster:
+            dask_result, peak = train(2, "runs/dask-p2", dask_address=cluster.scheduler_address)
+        rss["dask"], rss["dask worker"] = list(peak.ranks.values()), list(peak.workers.values())
 
         retriever = IndexRetriever.load(store, version)
         from rag_core.index.encoders import EncoderConfig
@@ -204,10 +262,14 @@ def main() -> int:
         for _ in range(args.repeats):
             eval_seconds.append(evaluate_model(model, dev, batch_size=len(dev),
                                                    max_new_tokens=args.max_new_tokens).seconds_per_example)
-        memory = rank_memory(retriever, gen_params + enc_params)
+        memory = rank_memory(retriever, gen_params + enc_params, args.micro_batch, args.n_docs)
         info.finish()
 
     ratio = [two / one for one, two in zip(rates[1], rates[2])]
+
+    def mib(values: list[int]) -> str:  # one run's processes: listed, not a min/median/max
+        return ", ".join(f"{b / 2**20:.0f}" for b in sorted(values)) or "not seen"
+
     flops = {n: [r * flops_per_example for r in rates[n]] for n in (1, 2)}
     p = PAPER
     paper_tokens = p["n_docs"] * (context_tokens + p["answer_tokens"])
@@ -216,7 +278,9 @@ def main() -> int:
              *info.markdown_header(),
              (f"Generator: {described}; question encoder: the index's all-MiniLM-L6-v2. Index: Flat, "
              f"{args.passages} sample passages (2 shards); cloze task: {len(task.train)} train / {len(task.dev)} dev "
-             f"examples. RAG-Sequence, n_docs={args.n_docs}, global batch {args.batch_size} (accumulated over {args.grad_accum} micro-batches per rank), {args.steps} optimizer "
+             f"examples. RAG-Sequence, n_docs={args.n_docs}, global batch {args.batch_size} (micro-batches of {args.micro_batch} "
+             f"per rank, accumulated: {args.batch_size // args.micro_batch} per step on 1 process, "
+             f"{args.batch_size // (2 * args.micro_batch)} on each of 2), {args.steps} optimizer "
              f"steps per run (figure: the recipe's median over steps 2..{args.steps}), autocast {precision}, "
              f"`torchrun --standalone` (gloo), 1 torch thread per process; {args.repeats} repeats, interleaved."), "",
              "| processes | training examples/s (min / median / max) | achieved FLOP/s, all processes |",
@@ -242,10 +306,18 @@ def main() -> int:
              *(f"| {u:.0%} | {paper_flops / (H200_BF16_DENSE * u) / 3600:.2f} |" for u in UTILISATION), "",
              (f"At this machine's median rate with 2 processes ({statistics.median(flops[2]) / 1e9:.0f} GFLOP/s) the "
              f"same work would take {paper_flops / statistics.median(flops[2]) / 86400:,.0f} days."), "",
-             "### What one training rank holds for 21M passages (each rank loads its own `IndexRetriever`)", "",
-             "| held | bytes | how |", "|---|---|---|",
-             *(f"| {what} | {b / 1e9:.1f} GB | {how} |" for what, b, how in memory),
-             f"| total per rank | {sum(b for _, b, _ in memory) / 1e9:.1f} GB | |", ""]
+             "### Memory of a training rank: measured here, and for 21M passages", "",
+             (f"Peak RSS of each rank of the 2-process runs (psutil, every 0.2 s): retrieving in process (each rank "
+             f"loads this {args.passages}-passage index; {len(rss['in process'])} ranks over {args.repeats} runs): "
+             f"{spread([b / 2**20 for b in rss['in process']], '{:.0f}') if len(rss['in process']) >= 3 else mib(rss['in process'])} MiB; through a local Dask cluster holding "
+             f"it once (`--dask-address`, 1 worker; one run, {dask_result.examples_per_s:.3f} examples/s): "
+             f"{mib(rss['dask'])} MiB (rank by rank), the worker {mib(rss['dask worker'])} MiB (the scheduler runs "
+             "in the bench process)."), "",
+             "| held by one rank, 21M passages | each rank loads the index | ranks share the Dask-held index | how |",
+             "|---|---|---|---|",
+             *(f"| {what} | {a / 1e9:.1f} GB | {b / 1e9:.3g} GB | {how} |" for what, a, b, how in memory),
+             (f"| total per rank | {sum(a for _, a, _, _ in memory) / 1e9:.1f} GB | "
+              f"{sum(b for _, _, b, _ in memory) / 1e9:.3g} GB | |"), ""]
     publish("\n".join(lines) + "\n", args.markdown)
     return 0
 

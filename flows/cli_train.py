@@ -54,7 +54,7 @@ def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
 
         quiet_expected_tracebacks()
         outcomes = finetune([request], settings.store_access(), settings.tracking_uri, args.index, args.nproc,
-                            args.margin, args.force)
+                            args.margin, args.force, settings.dask_address)
     for outcome in outcomes:
         print(outcome.model_dump_json())
         log.info("try: wikirag ask --model models:/wikirag-%s@%s \"your question\"", outcome.task, outcome.alias)

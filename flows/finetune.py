@@ -111,7 +111,7 @@ def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAcces
 @flow(name="finetune-task", validate_parameters=True)
 def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: str, index_version: str,
                   nproc: int = 2, margin: float = 0.0, output: str | None = None,
-                  force: bool = False) -> FinetuneOutcome:
+                  force: bool = False, dask_address: str | None = None) -> FinetuneOutcome:
     """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring).
 
     A model already registered from the same recipe, data, index version and evaluation is reused
@@ -148,7 +148,7 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
                     "precision": request.eval_precision}
         baseline = evaluate(zero_shot_model(config, target), dev_examples, **settings)
         record_evaluation(tracking_uri, run_id, baseline, prefix="zero_shot")
-        result = train(config, nproc, target.url, tracking_uri, run_id)
+        result = train(config, nproc, target.url, tracking_uri, run_id, dask_address)
         model = trained_model(target, result, model_dir)
         evaluation = evaluate(model, dev_examples, **settings)
         gate_predictions(request.task, dev_examples, evaluation.predictions)
@@ -171,14 +171,19 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
 
 @flow(name="finetune", validate_parameters=True)
 def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: str, index_version: str | None = None,
-             nproc: int = 2, margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
-    """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default)."""
+             nproc: int = 2, margin: float = 0.0, force: bool = False,
+             dask_address: str | None = None) -> list[FinetuneOutcome]:
+    """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default).
+
+    ``dask_address``: the training ranks retrieve through the index held once by that Dask cluster
+    (tasks/train_job.py); None = each rank loads the index itself (fine for small indexes)."""
     if not requests:
         raise ValueError("finetune: no tasks given")
     if nproc < 1:
         raise ValueError(f"finetune: nproc must be at least 1, got {nproc}")
     version = resolve_index(store.store(), index_version)
-    return [finetune_task(r, store, tracking_uri, version, nproc, margin, force=force) for r in requests]
+    return [finetune_task(r, store, tracking_uri, version, nproc, margin, force=force, dask_address=dask_address)
+            for r in requests]
 
 
 @flow(name="finetune-deployment", validate_parameters=True)
@@ -191,4 +196,5 @@ def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None
     generator = str(resolve_generator(settings.home, None)) if any("generator" not in r.recipe for r in requests) else None
     requests = [r if "generator" in r.recipe else r.model_copy(update={"recipe": {**r.recipe, "generator": generator}})
                 for r in requests]
-    return finetune(requests, settings.store_access(), settings.tracking_uri, index_version, nproc, margin, force)
+    return finetune(requests, settings.store_access(), settings.tracking_uri, index_version, nproc, margin, force,
+                    settings.dask_address)

@@ -27,6 +27,7 @@ import pyarrow as pa
 from distributed import Client, Future, wait
 
 from rag_core.errors import WikiragError
+from rag_core.index.manifest import IndexManifest
 from rag_core.index.search import (
     Hit,
     QueryError,
@@ -40,6 +41,14 @@ from rag_core.index.search import (
 )
 from rag_core.index.tuning import set_search_params
 from rag_core.index.versions import read_manifest
+from rag_core.model.retriever import (
+    Retrieved,
+    VersionRetriever,
+    assemble,
+    check_n_docs,
+    require_embeddings,
+    stored_vectors,
+)
 from rag_core.storage import Store
 
 _COLUMNS = ("passage_id", "title", "text")
@@ -47,27 +56,38 @@ _COLUMNS = ("passage_id", "title", "text")
 
 @dataclass
 class LoadedShard:
-    """One shard in a worker's memory; its size is reported to Dask (a bare FAISS index claims 56 bytes)."""
+    """One shard in a worker's memory; its size is reported to Dask (a bare FAISS index claims 56 bytes).
+
+    ``vectors``: the shard's stored float32 embeddings (what RAG's doc_scores use), when loaded with them."""
 
     index: faiss.Index
     passages: pa.Table
     nbytes: int
+    vectors: np.ndarray | None = None
 
     def __sizeof__(self) -> int:
         return self.nbytes
 
 
-def load_shard_on_worker(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) -> LoadedShard:
-    """Runs on a worker: load one shard, checking both files' sha256, with its stored search setting."""
+def load_shard_on_worker(store: Store, manifest: dict[str, Any], entry: dict[str, Any],
+                         with_vectors: bool = False) -> LoadedShard:
+    """Runs on a worker: load one shard, checking every file's sha256, with its stored search setting (and,
+    ``with_vectors``, its embedding file, read and checked as :class:`~rag_core.model.retriever.IndexRetriever`
+    reads it)."""
     index, table = load_shard(store, manifest, entry)
-    return LoadedShard(index, table, int(entry["bytes"]) + table.nbytes)
+    vectors = None
+    if with_vectors:
+        vectors = stored_vectors(store, IndexManifest.model_validate(manifest), int(entry["shard"]),
+                                 table.column("passage_id").to_pylist())
+    return LoadedShard(index, table, int(entry["bytes"]) + table.nbytes + (0 if vectors is None else vectors.nbytes),
+                       vectors)
 
 
 def search_loaded_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[str, int],
-                        threads: int = 1) -> tuple[Any, Any, dict, int]:
+                        threads: int = 1) -> tuple[Any, Any, dict, dict, int]:
     """Runs on a worker: one shard's top-k ``(distances, rows)``, each ``[q, k_s]``, the found rows' columns,
-    and the FAISS threads the search ran with (at most ``threads``, fewer for a small batch; set for this
-    task's thread only)."""
+    their stored vectors (empty when the shard holds none), and the FAISS threads the search ran with (at
+    most ``threads``, fewer for a small batch; set for this task's thread only)."""
     if params:
         set_search_params(shard.index, **params)
     with omp_threads(batch_threads(len(x), threads)) as used:
@@ -76,7 +96,8 @@ def search_loaded_shard(shard: LoadedShard, x: np.ndarray, k: int, params: dict[
     picked = shard.passages.take(pa.array(found))
     columns = {c: picked.column(c).to_pylist() for c in _COLUMNS if c in picked.column_names}
     passages = {int(r): tuple(columns[c][i] if c in columns else None for c in _COLUMNS) for i, r in enumerate(found)}
-    return distances, rows, passages, used
+    vectors = {} if shard.vectors is None else {int(r): shard.vectors[r] for r in found}
+    return distances, rows, passages, vectors, used
 
 
 def search_threads(holders: list[str | None], nthreads: dict[str, int]) -> list[int]:
@@ -115,29 +136,36 @@ class DaskShardedIndex:
         self._nthreads: dict[str, int] = {}
 
     @classmethod
-    def load(cls, client: Client, store: Store, version: str | None = None) -> DaskShardedIndex:
+    def load(cls, client: Client, store: Store, version: str | None = None, *, with_vectors: bool = False,
+             share: str | None = None) -> DaskShardedIndex:
         """Load a published version (LATEST's when None) onto the workers, spread by size.
 
         Each worker reads and checks its shards itself: the store (url and
         options, credentials included) travels to it, the shards never pass
         through here. A corrupt shard raises the same CorruptShardError as
-        ``ShardedIndex.load``.
+        ``ShardedIndex.load``. ``with_vectors``: each worker also holds its
+        shards' stored float32 vectors (:class:`DaskRetriever` needs them).
+        ``share``: loads of the same version with the same name, from any
+        client, hold one copy (the shard keys are equal and Dask runs a key
+        once; the copy lives while one of them holds it); None = a copy of its own.
         """
         manifest = read_manifest(store, version)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not workers:
             raise WikiragError(f"the Dask cluster at {client.scheduler.address} has no workers; start some first")
         placement = place_shards(manifest["shards"], workers)
-        tag = uuid.uuid4().hex[:8]
+        tag = f"{share}-{'vectors' if with_vectors else 'index'}" if share else uuid.uuid4().hex[:8]
         shards = [
-            client.submit(load_shard_on_worker, store, manifest, entry, workers=[placement[entry["shard"]]],
+            client.submit(load_shard_on_worker, store, manifest, entry, with_vectors,
+                          workers=[placement[entry["shard"]]],
                           allow_other_workers=True,  # if that worker dies, another reloads the shard
                           key=f"wikirag-shard-{manifest['version']}-{entry['shard']:05d}-{tag}")
             for entry in manifest["shards"]
         ]
         index = cls(client, manifest, shards)
         try:
-            wait(shards)
+            with client.as_current():  # wait() uses the current client; this one need not be the default
+                wait(shards)
             for future in shards:  # the first failed shard, by number, raises its own error
                 if future.status == "error":
                     future.result()
@@ -170,14 +198,15 @@ class DaskShardedIndex:
     def search(self, query_vectors: Any, k: int) -> list[list[Hit]]:
         """For each query, up to k hits, best first."""
         # At most every passage: a huge k must not allocate [q, k] padding that no hit fills.
-        scores, shards, rows, passages = self._search(query_vectors, min(check_k(k), max(self.ntotal, 1)))
+        scores, shards, rows, passages, _ = self._search(query_vectors, min(check_k(k), max(self.ntotal, 1)))
         return [
             [Hit(*passages[s][r], score=float(score), shard=int(s))
              for score, s, r in zip(q_scores, q_shards, q_rows) if r >= 0]
             for q_scores, q_shards, q_rows in zip(scores, shards, rows)
         ]
 
-    def _search(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+    def _search(self, query_vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict],
+                                                          list[dict]]:
         x = check_dim(query_vectors, self.dim)
         k = check_k(k)
         holders = self.holders()
@@ -198,7 +227,7 @@ class DaskShardedIndex:
         self.faiss_threads = [t for *_, t in results]
         larger_is_better = self.metric == "ip"
         scores, shards, rows = merge_topk([r[0] for r in results], [r[1] for r in results], k, larger_is_better)
-        return (scores if larger_is_better else -scores), shards, rows, [r[2] for r in results]
+        return (scores if larger_is_better else -scores), shards, rows, [r[2] for r in results], [r[3] for r in results]
 
     def _live_shards(self) -> list[Future]:
         if not self.shards:
@@ -206,12 +235,48 @@ class DaskShardedIndex:
         return self.shards
 
     def close(self) -> None:
-        """Free the shards from the workers' memory."""
+        """Free the shards from the workers' memory (shared ones: once no other load holds them)."""
         if self.shards:
             self.client.cancel(self.shards)
             self.shards = []
 
     def __enter__(self) -> DaskShardedIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DaskRetriever(VersionRetriever):
+    """:class:`~rag_core.model.retriever.IndexRetriever`'s interface over shards and vectors held by Dask workers.
+
+    ``retrieve`` gives the same :class:`~rag_core.model.retriever.Retrieved` as IndexRetriever
+    on the same version; only each question's top ``n_docs`` (ids, texts, vectors) travel here.
+    The ranks of one training job load it with the same ``share`` name and hold one copy.
+    """
+
+    def __init__(self, index: DaskShardedIndex) -> None:
+        self.index = index
+
+    @classmethod
+    def load(cls, client: Client, store: Store, version: str | None = None, *,
+             share: str | None = None) -> DaskRetriever:
+        """The version (LATEST's when None) with its stored vectors, on the workers (see DaskShardedIndex.load)."""
+        manifest = IndexManifest.model_validate(read_manifest(store, version))
+        require_embeddings(manifest)
+        return cls(DaskShardedIndex.load(client, store, manifest.version, with_vectors=True, share=share))
+
+    def retrieve(self, question_vectors: Any, n_docs: int) -> Retrieved:
+        """The top ``n_docs`` passages of each question; fewer passages than ``n_docs`` in all is an error."""
+        n_docs = check_n_docs(self.version, self.index.ntotal, n_docs)
+        scores, shards, rows, passages, vectors = self.index._search(question_vectors, n_docs)
+        return assemble(self.version, scores, shards, rows, self.index.dim, lambda s, r: passages[s][r],
+                        lambda s, r: vectors[s][r])
+
+    def close(self) -> None:
+        self.index.close()
+
+    def __enter__(self) -> DaskRetriever:
         return self
 
     def __exit__(self, *exc: object) -> None:

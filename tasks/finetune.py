@@ -85,9 +85,12 @@ def zero_shot_model(config: TrainConfig, store: Store) -> Any:
 
 
 @task(retries=1, retry_delay_seconds=10)
-def train(config: TrainConfig, nproc: int, store_url: str, tracking_uri: str, run_id: str) -> TrainResult:
-    """The torchrun job (``nproc`` processes; rank 0 logs into ``run_id``). A retry resumes from its checkpoint."""
-    result = launch_training(config, nproc, tracking_uri, run_id, store_url=store_url, env=dict(os.environ))
+def train(config: TrainConfig, nproc: int, store_url: str, tracking_uri: str, run_id: str,
+          dask_address: str | None = None) -> TrainResult:
+    """The torchrun job (``nproc`` processes; rank 0 logs into ``run_id``; with ``dask_address`` the ranks retrieve
+    through the index that cluster holds once). A retry resumes from its checkpoint."""
+    result = launch_training(config, nproc, tracking_uri, run_id, store_url=store_url, dask_address=dask_address,
+                             env=dict(os.environ))
     get_run_logger().info("trained %d steps on %d process(es): final loss %.4f, %.1f examples/s", result.final_step,
                           result.world_size, result.final_loss or float("nan"), result.examples_per_s or 0.0)
     return result

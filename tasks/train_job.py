@@ -1,7 +1,7 @@
 """The torchrun entry point of the fine-tuning recipe, and the function that launches it.
 
     torchrun --standalone --nproc-per-node 2 -m tasks.train_job --config CONFIG.json \\
-        [--store URL] [--tracking-uri URI (--run-id ID | --experiment NAME)] [--result FILE]
+        [--store URL] [--dask-address ADDRESS] [--tracking-uri URI (--run-id ID | --experiment NAME)] [--result FILE]
 
 Each process reads the config (a :class:`rag_core.train.recipe.TrainConfig` as JSON), its rank
 from torchrun's environment, and the store and its credentials from the environment through
@@ -9,6 +9,13 @@ from torchrun's environment, and the store and its credentials from the environm
 into MLflow: into the existing run ``--run-id`` (its creator owns it and ends it), or, given only
 ``--experiment``, into a new run it ends itself; other ranks log nothing. Rank 0 writes
 ``--result`` (the :class:`~rag_core.train.recipe.TrainResult` as JSON) when the run is done.
+
+Retrieval: with ``--dask-address`` every rank retrieves through that Dask cluster, whose workers
+hold the index version's shards and stored vectors once for the whole job
+(:class:`tasks.distributed_search.DaskRetriever`, loaded by all ranks under one share name: Dask
+runs each shard's load once); a rank then holds no index, only its micro-batch's passages.
+Without it each rank loads the version itself (``IndexRetriever.load``): right for small indexes,
+W copies of a large one on a machine of W ranks (docs/architecture.md, "What a training rank holds").
 
 :func:`launch_training` starts that command in its own process group from Python (the
 ``finetune`` flow's task) and returns the result, or raises :class:`TrainingJobError` with the
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,7 +93,46 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-id", help="an existing MLflow run to log into (the caller ends it)")
     parser.add_argument("--experiment", help="without --run-id: the experiment of a new run")
     parser.add_argument("--result", help="where rank 0 writes the TrainResult JSON")
+    parser.add_argument("--dask-address", help="Dask scheduler whose workers hold the index once for every rank "
+                        "(default: each rank loads the index itself)")
     return parser.parse_args(argv)
+
+
+def share_name(environ: Mapping[str, str]) -> str:
+    """One name for all ranks of this torchrun job, and no other live job: its run id and rendezvous address."""
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id:  # one process without torchrun
+        return f"pid{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return f"{run_id}-{environ.get('MASTER_ADDR', '')}:{environ.get('MASTER_PORT', '')}"
+
+
+@contextlib.contextmanager
+def _dask_retrievers(address: str | None, share: str) -> Iterator[Any]:
+    """``open_retriever`` for the recipe: the version held by the Dask cluster at ``address`` (None: in process)."""
+    if not address:
+        yield None
+        return
+    from distributed import Client
+
+    from tasks.distributed_search import DaskRetriever
+
+    opened: list[Any] = []
+    try:
+        client = Client(address, set_as_default=False)
+    except OSError as exc:  # distributed's connection timeout is an OSError
+        raise TrainingJobError(f"--dask-address {address}: no Dask scheduler answers there ({exc}); start one "
+                               "or leave the option out to load the index in each process") from exc
+    with client:
+
+        def open_retriever(store: Any, version: str | None) -> Any:
+            opened.append(DaskRetriever.load(client, store, version, share=share))
+            return opened[-1]
+
+        try:
+            yield open_retriever
+        finally:
+            for retriever in opened:
+                retriever.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,11 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings()
         store = settings.open_store(args.store)
-        with _tracking(args, distributed.rank) as logger:
+        with _tracking(args, distributed.rank) as logger, \
+                _dask_retrievers(args.dask_address, share_name(os.environ)) as open_retriever:
             commit = _git_commit()
             if logger is not None and commit:
                 logger.set_tags({"wikirag.git_commit": commit})
-            result = run(config, store, logger=logger, distributed=distributed, data_options=settings.s3_options())
+            result = run(config, store, logger=logger, distributed=distributed, open_retriever=open_retriever,
+                         data_options=settings.s3_options())
         if distributed.rank == 0 and args.result:
             Path(args.result).write_text(result.model_dump_json(indent=2))
     except WikiragError as exc:
@@ -143,24 +192,25 @@ def _sigterm_stops(pid: int):
 
 def torchrun_command(config_file: Path, nproc: int, *, result_file: Path, store_url: str | None = None,
                      tracking_uri: str | None = None, run_id: str | None = None,
-                     experiment: str | None = None) -> list[str]:
+                     experiment: str | None = None, dask_address: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "tasks.train_job", "--config", str(config_file), "--result", str(result_file)]
     for flag, value in (("--store", store_url), ("--tracking-uri", tracking_uri), ("--run-id", run_id),
-                        ("--experiment", experiment)):
+                        ("--experiment", experiment), ("--dask-address", dask_address)):
         if value:
             cmd += [flag, value]
     return cmd
 
 
 def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None, run_id: str | None = None, *,
-                    experiment: str | None = None, store_url: str | None = None,
+                    experiment: str | None = None, store_url: str | None = None, dask_address: str | None = None,
                     env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
     """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.train_job`` on ``config`` and return its result.
 
     ``config``: a TrainConfig; ``env``: the job's whole environment (default: a copy of this process's),
     which must hold what Settings reads (WIKIRAG_STORE, AWS_*) unless ``store_url`` says where the
-    store is; ``tracking_uri`` + ``run_id``: rank 0 logs into that existing run. The job runs in its own
+    store is; ``tracking_uri`` + ``run_id``: rank 0 logs into that existing run; ``dask_address``: every rank
+    retrieves through the index held once by that Dask cluster (module docstring). The job runs in its own
     process group, stopped when this process gets SIGTERM or dies; its output is logged here line by
     line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
@@ -175,7 +225,8 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
         config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.json"
         config_file.write_text(config.model_dump_json(indent=2))
         cmd = torchrun_command(config_file, nproc, result_file=result_file, store_url=store_url,
-                               tracking_uri=tracking_uri, run_id=run_id, experiment=experiment)
+                               tracking_uri=tracking_uri, run_id=run_id, experiment=experiment,
+                               dask_address=dask_address)
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         errors: list[str] = []  # the workers' one-line errors: torchrun's own report can push them out of the tail
         proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -15,6 +15,7 @@ passage ids, row for row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,31 +47,11 @@ class Retrieved:
         return self.doc_vectors.shape[1]
 
 
-class IndexRetriever:
-    """A published index version plus the exact vectors of its passages."""
+class VersionRetriever:
+    """What the RAG model asks of any retriever beside ``retrieve``: the version's manifest, name and encoder,
+    read from ``self.index`` (an in-process ShardedIndex, or tasks.distributed_search's Dask-held one)."""
 
-    def __init__(self, index: ShardedIndex, vectors: list[np.ndarray]) -> None:
-        if len(vectors) != len(index.shards):
-            raise RetrieverError(f"{len(vectors)} vector shards for {len(index.shards)} index shards")
-        self.index = index
-        self.vectors = vectors  # [shard] -> float32 [n_s, dim]
-
-    @classmethod
-    def load(cls, store: Store, version: str | None = None) -> IndexRetriever:
-        """Load a version (LATEST's when None) and the embedding files its manifest names."""
-        index = ShardedIndex.load(store, version)
-        manifest = IndexManifest.model_validate(index.manifest)
-        vectors = []
-        for entry in manifest.shards:
-            if entry.embeddings is None:
-                raise RetrieverError(f"index {manifest.version} records no embedding files (published from bare "
-                                     "vectors); RAG needs them: build the version with build_version or index_rebuild")
-            ids, matrix = read_ref(store, entry.embeddings)
-            if ids != index.passage_ids(entry.shard):
-                raise RetrieverError(f"index {manifest.version} shard {entry.shard}: {store.url_of(entry.embeddings.ids)} "
-                                     "lists other passages than the index shard; the version is damaged: rebuild it")
-            vectors.append(matrix)
-        return cls(index, vectors)
+    index: Any
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -85,24 +66,79 @@ class IndexRetriever:
         """The encoder fingerprint the index was built with (what a question encoder must match)."""
         return self.manifest["encoder"]
 
+
+class IndexRetriever(VersionRetriever):
+    """A published index version plus the exact vectors of its passages."""
+
+    def __init__(self, index: ShardedIndex, vectors: list[np.ndarray]) -> None:
+        if len(vectors) != len(index.shards):
+            raise RetrieverError(f"{len(vectors)} vector shards for {len(index.shards)} index shards")
+        self.index = index
+        self.vectors = vectors  # [shard] -> float32 [n_s, dim]
+
+    @classmethod
+    def load(cls, store: Store, version: str | None = None) -> IndexRetriever:
+        """Load a version (LATEST's when None) and the embedding files its manifest names."""
+        index = ShardedIndex.load(store, version)
+        manifest = IndexManifest.model_validate(index.manifest)
+        vectors = [stored_vectors(store, manifest, entry.shard, index.passage_ids(entry.shard))
+                   for entry in manifest.shards]
+        return cls(index, vectors)
+
     def retrieve(self, question_vectors: Any, n_docs: int) -> Retrieved:
         """The top ``n_docs`` passages of each question; fewer passages than ``n_docs`` in all is an error."""
-        n_docs = check_k(n_docs)
-        if self.index.ntotal < n_docs:
-            raise RetrieverError(f"index {self.version} holds {self.index.ntotal} passages; n_docs={n_docs} "
-                                 "needs at least that many")
+        n_docs = check_n_docs(self.version, self.index.ntotal, n_docs)
         scores, shards, rows = self.index.search_rows(question_vectors, n_docs)  # each [batch, n_docs]
-        if (rows < 0).any():  # an approximate index may return fewer than asked
-            raise RetrieverError(f"index {self.version} returned fewer than {n_docs} passages for a question; "
-                                 "raise efSearch/nprobe or use a Flat index")
+
+        def passage(s: int, r: int) -> tuple[str, str | None, str | None]:
+            hit = self.index.hit(s, r, 0.0)
+            return hit.passage_id, hit.title, hit.text
+
         dim = self.vectors[0].shape[1]
-        doc_vectors = np.empty((*rows.shape, dim), dtype=np.float32)  # [batch, n_docs, dim]
-        ids, titles, texts = [], [], []
-        for b in range(rows.shape[0]):
-            hits = [self.index.hit(int(s), int(r), float(x)) for s, r, x in zip(shards[b], rows[b], scores[b])]
-            ids.append([h.passage_id for h in hits])
-            titles.append([h.title or "" for h in hits])
-            texts.append([h.text or "" for h in hits])
-            for j, (s, r) in enumerate(zip(shards[b], rows[b])):
-                doc_vectors[b, j] = self.vectors[int(s)][int(r)]
-        return Retrieved(ids, titles, texts, doc_vectors, scores.astype(np.float32))
+        return assemble(self.version, scores, shards, rows, dim, passage, lambda s, r: self.vectors[s][r])
+
+
+def stored_vectors(store: Store, manifest: IndexManifest, shard: int, passage_ids: list[str]) -> np.ndarray:
+    """float32 ``[n, dim]``: shard ``shard``'s embedding file (sha256-checked), row for row its ``passage_ids``."""
+    require_embeddings(manifest)
+    entry = manifest.shards[shard]
+    ids, matrix = read_ref(store, entry.embeddings)
+    if ids != passage_ids:
+        raise RetrieverError(f"index {manifest.version} shard {entry.shard}: {store.url_of(entry.embeddings.ids)} "
+                             "lists other passages than the index shard; the version is damaged: rebuild it")
+    return matrix
+
+
+def require_embeddings(manifest: IndexManifest) -> None:
+    """An error unless every shard of the version names its embedding files."""
+    if any(entry.embeddings is None for entry in manifest.shards):
+        raise RetrieverError(f"index {manifest.version} records no embedding files (published from bare "
+                             "vectors); RAG needs them: build the version with build_version or index_rebuild")
+
+
+def check_n_docs(version: str | None, ntotal: int, n_docs: Any) -> int:
+    """``n_docs`` as an int, or an error when it is not positive or the index holds fewer passages."""
+    n_docs = check_k(n_docs)
+    if ntotal < n_docs:
+        raise RetrieverError(f"index {version} holds {ntotal} passages; n_docs={n_docs} needs at least that many")
+    return n_docs
+
+
+def assemble(version: str | None, scores: np.ndarray, shards: np.ndarray, rows: np.ndarray, dim: int,
+             passage: Callable[[int, int], tuple[str, str | None, str | None]],
+             vector: Callable[[int, int], np.ndarray]) -> Retrieved:
+    """A :class:`Retrieved` from a merged top-k ``(scores, shards, rows)``, each ``[batch, n_docs]``, and where
+    the index keeps each row's ``(passage_id, title, text)`` and stored vector (in process, or on Dask workers)."""
+    if (rows < 0).any():  # an approximate index may return fewer than asked
+        raise RetrieverError(f"index {version} returned fewer than {rows.shape[1]} passages for a question; "
+                             "raise efSearch/nprobe or use a Flat index")
+    doc_vectors = np.empty((*rows.shape, dim), dtype=np.float32)  # [batch, n_docs, dim]
+    ids, titles, texts = [], [], []
+    for b, (q_shards, q_rows) in enumerate(zip(shards, rows)):
+        found = [passage(int(s), int(r)) for s, r in zip(q_shards, q_rows)]
+        for j, (s, r) in enumerate(zip(q_shards, q_rows)):
+            doc_vectors[b, j] = vector(int(s), int(r))
+        ids.append([p[0] for p in found])
+        titles.append([p[1] or "" for p in found])
+        texts.append([p[2] or "" for p in found])
+    return Retrieved(ids, titles, texts, doc_vectors, scores.astype(np.float32))

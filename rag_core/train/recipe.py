@@ -12,7 +12,9 @@ process group (``env://``: torch reads torchrun's MASTER_ADDR/PORT; gloo on CPU,
 One optimizer step (the DDP-correct split, ``rag_core.model.rag_model``):
 
 1. ``search`` (no gradients, outside DDP): each rank asks the retriever for its micro-batch's
-   passages, their stored vectors and the generator inputs;
+   passages, their stored vectors and the generator inputs (the retriever: the index loaded in
+   this process, or ``open_retriever``'s, e.g. shards and vectors held once by Dask workers for all
+   ranks: tasks/train_job.py ``--dask-address``);
 2. ``DDP(RagModel)(search_result, labels)``: question encoder, ``doc_scores`` = q·v, generator
    and the RAG-Sequence/Token NLL in one forward, so every trained parameter is used inside
    the wrapped forward; backward all-reduces the gradients (the last micro-step only);
@@ -43,7 +45,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -206,11 +208,13 @@ class Recipe:
 
     def __init__(self, config: TrainConfig, store: Store, *, logger: RunLogger | None = None,
                  distributed: Distributed | None = None, retriever: Any = None,
+                 open_retriever: Callable[[Store, str | None], Any] | None = None,
                  data_options: Mapping[str, Any] | None = None) -> None:
         self.config, self.store = config, store
         self.dist = distributed or Distributed()
         self.logger: RunLogger = (logger or NullLogger()) if self.dist.rank == 0 else NullLogger()
-        self.retriever = retriever  # IndexRetriever.load(store, index_version) when None (module docstring)
+        self.retriever = retriever  # open_retriever(store, index_version) at setup when None (module docstring)
+        self.open_retriever = open_retriever
         self.data_options = dict(data_options or {})
         self.output = store.child(config.output)
         self._owns_group = False
@@ -282,7 +286,7 @@ class Recipe:
         from rag_core.model.retriever import IndexRetriever
 
         if self.retriever is None:
-            self.retriever = IndexRetriever.load(self.store, index_version)
+            self.retriever = (self.open_retriever or IndexRetriever.load)(self.store, index_version)
         return initial_model(self.config, self.retriever, str(self.device))
 
     def _freeze_unreached(self) -> list[tuple[str, nn.Parameter]]:
@@ -493,11 +497,14 @@ class Recipe:
 
 
 def run(config: TrainConfig, store: Store, *, logger: RunLogger | None = None, distributed: Distributed | None = None,
-        retriever: Any = None, data_options: Mapping[str, Any] | None = None) -> TrainResult:
-    """The whole recipe (module docstring). ``retriever``: an IndexRetriever-like object (default: the index version
-    loaded in this process); ``data_options``: fsspec options for task files at remote URLs (S3 credentials)."""
+        retriever: Any = None, open_retriever: Callable[[Store, str | None], Any] | None = None,
+        data_options: Mapping[str, Any] | None = None) -> TrainResult:
+    """The whole recipe (module docstring). ``retriever``: an IndexRetriever-like object; else
+    ``open_retriever(store, version)`` opens the run's index version (the config's, a resumed run's, or LATEST's;
+    default ``IndexRetriever.load``: the version loaded in this process; tasks/train_job.py passes the Dask-held
+    one that all ranks share); ``data_options``: fsspec options for task files at remote URLs (S3 credentials)."""
     recipe = Recipe(config, store, logger=logger, distributed=distributed, retriever=retriever,
-                    data_options=data_options)
+                    open_retriever=open_retriever, data_options=data_options)
     try:
         recipe.setup()
         recipe.train()

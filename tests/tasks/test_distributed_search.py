@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -21,13 +20,6 @@ from tests.rag_core.index.test_faiss_index import clustered_vectors
 
 DIM = 32
 SIZES = [300, 900, 800, 1000]  # four shards of unequal size; k=400 is more than shard 0 holds
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The recipe under real torchrun (gloo, 2 processes): same parameters as one process, exact resume after SIGKILL,
-and the launcher that the finetune flow uses, logging into a real MLflow store."""
+ranks retrieving through one Dask-held index, and the launcher that the finetune flow uses, logging into a real
+MLflow store."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from distributed import LocalCluster
 from mlflow import MlflowClient
+from safetensors.torch import load_file
 
 from rag_core.train.checkpoints import complete_steps
 from rag_core.train.recipe import run
@@ -91,3 +94,26 @@ def test_launch_training_logs_rank_0_into_an_mlflow_run_and_explains_a_failure(t
 
     with pytest.raises(TrainingJobError, match="batch_size 3 is not a multiple of 2 processes"):
         launch_training(make_config(tiny, "runs/bad", batch_size=3), 2, store_url=tiny.store.url)
+
+
+def test_two_processes_train_through_one_dask_held_index(tiny: SimpleNamespace) -> None:
+    """tasks.train_job --dask-address: both ranks retrieve from the shards and vectors one Dask worker holds."""
+    one_step = {"batch_size": 8, "max_steps": 1, "schedule": "constant"}
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as cluster:
+        result = launch_training(make_config(tiny, "runs/dask-ddp", **one_step), 2, store_url=tiny.store.url,
+                                 dask_address=cluster.scheduler_address)
+        # the scheduler runs in this process: its log of task transitions says what ran on the worker
+        tasks = [str(key) for key, _, finish, *_ in cluster.scheduler.transition_log if finish == "memory"]
+    loads = sorted(k for k in tasks if k.startswith("wikirag-shard-"))
+    assert len(loads) == 2 and all(k.endswith("-vectors") for k in loads)  # 2 shards loaded once, not per rank
+    assert sum("search_loaded_shard" in k for k in tasks) >= 2 * 2 * 2  # every rank's micro-batches, per shard
+    assert result.world_size == 2 and result.index_version == tiny.version
+
+    run(make_config(tiny, "runs/dask-single", **one_step), tiny.store)  # one process, in-process retriever
+    assert max_difference(gradients(tiny, "runs/dask-ddp"), gradients(tiny, "runs/dask-single")) < 1e-6
+    assert max_difference(parameters(tiny, "runs/dask-ddp", 1), parameters(tiny, "runs/dask-single", 1)) < 1e-2 * 1e-3
+    start = load_file(Path(tiny.bart) / "model.safetensors")
+    trained = parameters(tiny, "runs/dask-ddp", 1)
+    assert max(float((trained[f"generator.{k}"] - v).abs().max()) for k, v in start.items()
+               if f"generator.{k}" in trained) > 1e-4  # the step moved the weights: the comparison above can fail
