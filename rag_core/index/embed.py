@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rag_core.errors import StoreError
 from rag_core.index.embeddings import (
@@ -42,6 +41,7 @@ from rag_core.index.embeddings import (
     text_hash,
 )
 from rag_core.index.encoders import EncoderError
+from rag_core.parquet_bytes import parquet_to_table, table_to_parquet
 from rag_core.storage import Store
 
 
@@ -100,7 +100,7 @@ def load_reuse_table(store: Store, fingerprint_id: str, old_dump_id: str) -> Reu
     records = finished_ranges(store, fingerprint_id, old_dump_id)
     keys, owners, rows = [np.empty(0, np.uint64)], [np.empty(0, np.int32)], [np.empty(0, np.int64)]
     for index, record in enumerate(records):
-        hashes = pq.read_table(io.BytesIO(root.read_bytes(record_files(record)[1])), columns=["text_hash"])
+        hashes = parquet_to_table(root.read_bytes(record_files(record)[1]), ["text_hash"])
         hashes = hashes.column("text_hash").to_pylist()
         keys.append(hash_keys(hashes))
         owners.append(np.full(len(hashes), index, dtype=np.int32))
@@ -196,16 +196,16 @@ def embed_rows(store: Store, dump_id: str, start: int, passages: pa.Table, encod
     buf = io.BytesIO()
     np.save(buf, vectors, allow_pickle=False)
     data = buf.getvalue()
-    ids_buf = io.BytesIO()
-    pq.write_table(pa.table({"passage_id": pa.array(ids, pa.string()), "text_hash": pa.array(hashes, pa.string())}),
-                   ids_buf, compression="zstd")
+    ids_bytes = table_to_parquet(
+        pa.table({"passage_id": pa.array(ids, pa.string()), "text_hash": pa.array(hashes, pa.string())}),
+        compression="zstd")
     names = {"vectors": f"{stem}.{write_id}.npy", "ids": f"{stem}.{write_id}.ids.parquet"}
     root.write_bytes(data, names["vectors"])
-    root.write_bytes(ids_buf.getvalue(), names["ids"])
+    root.write_bytes(ids_bytes, names["ids"])
     record = {
         "start": start, "stop": stop, "dump_id": dump_id, "n": len(ids), "dim": encoder.dim,
         "fingerprint": encoder.fingerprint, "fingerprint_id": fp, **names,
-        "vectors_sha256": hashlib.sha256(data).hexdigest(), "ids_sha256": hashlib.sha256(ids_buf.getvalue()).hexdigest(),
+        "vectors_sha256": hashlib.sha256(data).hexdigest(), "ids_sha256": hashlib.sha256(ids_bytes).hexdigest(),
         "passages_sha256": digest, "reused": reused, "reused_from": reused_from, "encoded": len(fresh),
         "seconds": round(seconds, 3),
     }

@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from rag_core.errors import StoreError
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.manifest import EmbeddingRef
+from rag_core.parquet_bytes import parquet_to_table
 from rag_core.storage import Store
 
 EMBEDDINGS_DIR = "embeddings"
@@ -164,7 +164,7 @@ def _read_files(root: Store, vectors_name: str, vectors_sha: str, ids_name: str,
                 ids_sha: str | None) -> tuple[list[str], list[str], np.ndarray]:
     vectors = np.load(io.BytesIO(_read_checked(root, vectors_name, vectors_sha)), allow_pickle=False)
     ids_bytes = _read_checked(root, ids_name, ids_sha) if ids_sha else root.read_bytes(ids_name)
-    table = pq.read_table(io.BytesIO(ids_bytes))
+    table = parquet_to_table(ids_bytes)
     ids, hashes = table.column("passage_id").to_pylist(), table.column("text_hash").to_pylist()
     if vectors.ndim != 2 or len(vectors) != len(ids):
         raise StoreError(f"{root.url_of(vectors_name)}: vectors {vectors.shape} for {len(ids)} ids; "

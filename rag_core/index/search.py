@@ -16,7 +16,6 @@ own). The measured choice between its layouts is in docs/benchmarks.md.
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -28,12 +27,12 @@ from typing import Any
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rag_core.errors import WikiragError
 from rag_core.index.faiss_index import METRICS, deserialize_index, sha256_hex
 from rag_core.index.tuning import apply_search_setting, set_search_params
 from rag_core.index.versions import INDEXES_DIR, CorruptShardError, read_manifest
+from rag_core.parquet_bytes import parquet_to_table
 from rag_core.storage import Store
 
 QUERIES_PER_THREAD = 64  # a FAISS thread pays off from this many queries of a batch on (docs/benchmarks.md)
@@ -293,7 +292,7 @@ def load_shard(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) ->
     """
     root = store.child(INDEXES_DIR, manifest["version"])
     index_bytes = _read_checked(root, entry["url"], entry["sha256"])
-    table = pq.read_table(io.BytesIO(_read_checked(root, entry["ids_url"], entry["ids_sha256"])))
+    table = parquet_to_table(_read_checked(root, entry["ids_url"], entry["ids_sha256"]))
     try:
         index = deserialize_index(index_bytes)
     except RuntimeError as exc:

@@ -24,7 +24,6 @@ then random hex): they sort by creation time and do not collide.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import re
 import secrets
@@ -33,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rag_core.errors import WikiragError
 from rag_core.index.faiss_index import METRICS, IndexBuildError, sha256_hex
@@ -47,6 +45,7 @@ from rag_core.index.manifest import (
     ShardEntry,
     parse_manifest,
 )
+from rag_core.parquet_bytes import table_to_parquet
 from rag_core.storage import Store
 
 INDEXES_DIR = "indexes"
@@ -113,9 +112,7 @@ def write_shard(store: Store, version: str, shard: int, payload: ShardPayload | 
         raise IndexBuildError(f"shard {shard}: the passages table needs a passage_id column, has {table.column_names}")
     table = pa.table({c: table.column(c).cast(pa.string()) for c in ("passage_id", "title", "text")
                       if c in table.column_names})
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    ids_bytes = sink.getvalue()
+    ids_bytes = table_to_parquet(table)
     index_name, ids_name = shard_names(shard)
     root.write_bytes(payload.index_bytes, index_name)
     root.write_bytes(ids_bytes, ids_name)

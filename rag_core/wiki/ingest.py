@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import io
 import json
 import math
 import re
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from rag_core.errors import StoreError
+from rag_core.parquet_bytes import parquet_to_table, table_to_parquet
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.passages import PASSAGE_SCHEMA, PageCounts
@@ -92,9 +91,7 @@ def _part_name(kind: str, part: int, ext: str) -> str:
 
 
 def _table_bytes(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
+    return table_to_parquet(table, compression="zstd")
 
 
 def stage_part(
@@ -174,7 +171,7 @@ def read_passages(store: Store, dump_id: str, columns: list[str] | None = None) 
     if manifest is None:
         raise StoreError(f"{store.url_of(PASSAGES_DIR, dump_id)}: no published passages (no manifest.json); run ingest")
     root = store.child(PASSAGES_DIR, dump_id)
-    tables = [pq.read_table(io.BytesIO(root.read_bytes(p["path"])), columns=columns) for p in manifest["parts"]]
+    tables = [parquet_to_table(root.read_bytes(p["path"]), columns) for p in manifest["parts"]]
     return pa.concat_tables(tables) if tables else pa.table({})
 
 
@@ -188,7 +185,7 @@ def read_passage_rows(store: Store, dump_id: str, start: int, stop: int, columns
     for part in manifest["parts"]:
         last = first + part["rows"]
         if last > start and first < stop:
-            table = pq.read_table(io.BytesIO(root.read_bytes(part["path"])), columns=columns)
+            table = parquet_to_table(root.read_bytes(part["path"]), columns)
             tables.append(table.slice(max(start - first, 0), min(stop, last) - max(start, first)))
         first = last
     if not tables:
@@ -202,4 +199,4 @@ def read_staged_table(
 ) -> pa.Table:
     """One staged part (``kind`` "part" for passages, "redirects" for redirects)."""
     staging = store.child(PASSAGES_DIR, STAGING_DIR, dump_id, layout)
-    return pq.read_table(io.BytesIO(staging.read_bytes(_part_name(kind, part, "parquet"))), columns=columns)
+    return parquet_to_table(staging.read_bytes(_part_name(kind, part, "parquet")), columns)
