@@ -110,9 +110,13 @@ def describe() -> Hardware:
     return Hardware(model, cpu_capability(), relevant, cores, torch.get_num_threads(), os.getloadavg())
 
 
-def bf16_probe_speedup(repeats: int = 5) -> float:
-    """float32 time / bf16 time of one encoder-shaped matmul on one thread (best of ``repeats``).
+def bf16_probe_speedup(repeats: int = 7) -> float:
+    """float32 time / bf16 time of one encoder-shaped matmul on one thread (best of ``repeats`` of each).
 
+    The two dtypes alternate, so that a busy machine (a Prefect server and Dask
+    workers starting beside the probe) slows both alike: timed one after the
+    other, a bf16 matmul of ~0.3 ms could lose all of its few repeats to one
+    preemption and look slower than float32 on a CPU where it is 5-9x faster.
     Takes ~0.05 s where bf16 is native, up to ~0.5 s where it is emulated.
     """
     import torch
@@ -121,18 +125,18 @@ def bf16_probe_speedup(repeats: int = 5) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        best = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-            torch.matmul(a, b)  # warm-up: kernel selection, oneDNN primitive creation
-            times = []
-            for _ in range(repeats):
+        operands = {dtype: (torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype))
+                    for dtype in (torch.float32, torch.bfloat16)}
+        best = dict.fromkeys(operands, float("inf"))
+        for a, b in operands.values():
+            torch.matmul(a, b)  # warm-up: kernel selection, oneDNN primitive creation, AMX state
+        for _ in range(repeats):
+            for dtype, (a, b) in operands.items():
                 start = time.perf_counter()
                 torch.matmul(a, b)
-                times.append(time.perf_counter() - start)
-                if dtype is torch.bfloat16 and times[-1] > 20 * best[torch.float32]:
-                    break  # hopeless: no need to wait for more of them
-            best[dtype] = min(times)
+                best[dtype] = min(best[dtype], time.perf_counter() - start)
+            if best[torch.bfloat16] > 20 * best[torch.float32]:
+                break  # hopeless: no need to wait for more of them
         return best[torch.float32] / best[torch.bfloat16]
     finally:
         torch.set_num_threads(threads)
