@@ -193,7 +193,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
     _log_hardware()
     persistent = os.environ.get("PREFECT_API_URL") or workspace_server(settings.prefect_home)
-    dump = fetch_sample(settings.home / "data")
+    dump = args.dump or fetch_sample(settings.home / "data")
     generator = resolve_generator(settings.home, args.generator) if args.generator else \
         fetch_default_generator(settings.home)
     where = {"store": settings.store_url,
@@ -354,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc", type=int, default=2, help="DDP processes for fine-tuning (default 2)")
     run.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: "
                      "SmolLM2-135M-Instruct, fetched once by `wikirag models fetch`)")
+    run.add_argument("--dump", metavar="PATH", help="a Wikipedia dump (path or URL, as `ingest` takes) to run on "
+                     "instead of the fetched sample")
     run.set_defaults(func=cmd_run)
     add_ingest(sub)
     add_index_rebuild(sub)
