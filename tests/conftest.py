@@ -57,12 +57,18 @@ def sample_xml(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PREFECT_HOME of the session's Prefect server: its database and logs (tests/flows/test_secrets.py greps them)."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
+@pytest.fixture(scope="session")
+def prefect_server(prefect_home: Path) -> Iterator[str]:
     """One real local Prefect server for the session; Dask workers find it through PREFECT_API_URL."""
     from flows.prefect_api import prefect_api
 
     saved = os.environ.pop("PREFECT_API_URL", None)
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = prefect_home
     with prefect_api(home) as url:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 

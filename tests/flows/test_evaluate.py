@@ -35,7 +35,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_registered_model_is_evaluated_on_another_index_version_without_retraining(
-        wiki: Path, home: Path, tmp_path: Path) -> None:
+        wiki: Path, home: Path, tmp_path: Path, prefect_server: str) -> None:
     passages = sample_passages().slice(0, 160)
     encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "encoder")), dtype="float32"))
     store = Store(str(home / "store"))
@@ -51,7 +51,7 @@ def test_a_registered_model_is_evaluated_on_another_index_version_without_retrai
                  index_version=v1)
     dev = write_examples(cloze_examples(passages, ClozeConfig(seed=0)).dev[:6], str(tmp_path / "dev.jsonl"))
 
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_server}
     champion = "models:/wikirag-cloze@champion"
     for index in (None, v2):
         proc = _cli(env, "evaluate", "--model", champion, "--task", "cloze", "--dev", dev,

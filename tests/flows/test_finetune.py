@@ -31,7 +31,8 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, tmp_path: Path) -> None:
+def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, tmp_path: Path,
+                                                                   prefect_server: str) -> None:
     """A real NQ-open file; the cloze task (questions from the index) runs in the main job's test."""
     if not NQ_DEV.exists():
         pytest.skip(f"real NQ-open file not found at {NQ_DEV}")
@@ -40,7 +41,8 @@ def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, 
     encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "encoder")), dtype="float32"))
     version = publish_small_index(store, "d1", sample_passages().slice(0, 300), encoder, shards=2)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "WIKIRAG_HOME": str(home), "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "WIKIRAG_HOME": str(home), "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT),
+           "PREFECT_API_URL": prefect_server}
     train, dev = tmp_path / "nq-train.jsonl", tmp_path / "nq-dev.jsonl"
     lines = NQ_DEV.read_text().splitlines()
     train.write_text("\n".join(lines[:16]) + "\n")

@@ -1,9 +1,10 @@
 """Guarantee: an S3 secret given through the environment is written nowhere and printed nowhere.
 
-A real rebuild and a search against the real S3 server (SeaweedFS), with the
-command starting its own Prefect server (database and logs in the
-workspace); then every file of the workspace, every object of the store and
-everything the commands printed is searched for the secret.
+A real rebuild and a search against the real S3 server (SeaweedFS), their
+flow runs on the session's Prefect server (which has also served every other
+S3 test before this one); then every file of the workspace, of that server's
+home (its database and logs), every object of the store and everything the
+commands printed is searched for the secret.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_secret_is_in_no_file_no_object_and_no_output(s3_server: S3Server, home: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+                                                          prefect_server: str, prefect_home: Path) -> None:
     secret = s3_server.secret
     assert len(secret) > 24  # distinctive: no accidental match
     articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:6]
@@ -36,7 +36,7 @@ def test_the_secret_is_in_no_file_no_object_and_no_output(s3_server: S3Server, h
     store = f"s3://{s3_server.bucket}/secrets-test"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))},
            **s3_server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": store, "WIKIRAG_WORKERS": "2",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
     tiny = save_tiny_bert(tmp_path / "tiny")
     outputs = []
     for args in (["-v", "index-rebuild", str(dump), "--index", str(index), "--shards", "2", "--encoder", str(tiny)],
@@ -49,10 +49,11 @@ def test_the_secret_is_in_no_file_no_object_and_no_output(s3_server: S3Server, h
 
     printed = [f"{p.args[3:5]}: {stream}" for p in outputs for stream in ("stdout", "stderr")
                if secret in getattr(p, stream)]
-    written = [str(f) for f in home.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    written = [str(f) for folder in (home, prefect_home) for f in folder.rglob("*")
+               if f.is_file() and secret.encode() in f.read_bytes()]
     fs = s3fs.S3FileSystem(**s3_server.options(), skip_instance_cache=True)
     objects = fs.find(f"{s3_server.bucket}/secrets-test")
     assert any(o.endswith("/LATEST") for o in objects) and len(objects) > 10
     stored = [o for o in objects if secret.encode() in fs.cat_file(o)]
     assert (printed, written, stored) == ([], [], [])
-    assert (home / "prefect").is_dir() and any((home / "prefect").rglob("*.db"))  # its database was searched too
+    assert any(prefect_home.rglob("*.db"))  # the server's database was searched too
