@@ -1,6 +1,8 @@
 """``wikirag services up|down|status|env``: the real engines of a deployment, started on 127.0.0.1.
 
-One workspace (``WIKIRAG_HOME``) gets, in this order:
+One workspace (``WIKIRAG_HOME``) gets these, each started once the one it
+needs is healthy (s3, prefect and dask start side by side, then mlflow, the
+worker and the dask workers):
 
 | service | what runs | address |
 |---|---|---|
@@ -99,6 +101,7 @@ class Service:
     url: str
     ports: list[int]
     healthy: Callable[[], bool]
+    needs: str | None = None  # the service that must be healthy before this one starts
     startup_timeout: float = 90.0
 
 
@@ -203,7 +206,7 @@ def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Pat
                            "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                            "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts"],
                 {**base, **aws, "MLFLOW_S3_ENDPOINT_URL": s3_url}, shared["MLFLOW_TRACKING_URI"],
-                [ports.mlflow_port], lambda: _http_ok(f"{shared['MLFLOW_TRACKING_URI']}/health")),
+                [ports.mlflow_port], lambda: _http_ok(f"{shared['MLFLOW_TRACKING_URI']}/health"), needs="s3"),
         Service("prefect", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                             "--port", str(ports.prefect_port)],
                 {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true"}, api,
@@ -211,7 +214,7 @@ def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Pat
         Service("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL,
                            "--type", "process", "--name", f"wikirag-{socket.gethostname()}"],
                 {**base, **shared, **aws, "PREFECT_HOME": str(home / "prefect"), "WIKIRAG_REPO": str(repo)},
-                api, [], lambda: _workers_online(api)),
+                api, [], lambda: _workers_online(api), needs="prefect"),
         Service("dask", [str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(ports.dask_port),
                          "--dashboard-address", f"127.0.0.1:{ports.dask_dashboard_port}"],
                 base, dask, [ports.dask_port, ports.dask_dashboard_port], lambda: _tcp_open(ports.dask_port)),
@@ -219,7 +222,7 @@ def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Pat
                                  "--nworkers", str(ports.dask_workers), "--nthreads", "1",
                                  "--dashboard-address", "127.0.0.1:0"],
                 {**base, **shared, "PREFECT_HOME": str(home / "prefect")}, dask, [],
-                lambda: _dask_workers_up(dask, ports.dask_workers)),
+                lambda: _dask_workers_up(dask, ports.dask_workers), needs="dask"),
     ]
 
 
@@ -254,7 +257,7 @@ def _ours(record: dict) -> bool:
             and any(Path(part).name == Path(argv[0]).name for part in running[:2]))
 
 
-def _start(home: Path, service: Service) -> dict:
+def _launch(home: Path, service: Service) -> tuple[subprocess.Popen, dict]:
     busy = [p for p in service.ports if not _port_free(p)]
     if busy:
         raise ServicesError(f"{service.name}: port {', '.join(map(str, busy))} on 127.0.0.1 is in use; stop what "
@@ -267,45 +270,56 @@ def _start(home: Path, service: Service) -> dict:
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
     record = {"name": service.name, "pid": proc.pid, "argv": service.argv, "url": service.url,
               "ports": service.ports, "log": str(log_path), "started": time.time()}
+    return proc, record
+
+
+def _await_healthy(home: Path, service: Service, proc: subprocess.Popen, record: dict) -> None:
     deadline = time.monotonic() + service.startup_timeout
     while not service.healthy():
         if proc.poll() is not None:
             raise ServicesError(f"{service.name} exited with status {proc.returncode} while starting; "
-                                f"see {log_path}")
+                                f"see {record['log']}")
         if time.monotonic() > deadline:
-            stop_process_group(proc.pid)
             raise ServicesError(f"{service.name} did not become healthy within {service.startup_timeout:.0f} s; "
-                                f"see {log_path}")
+                                f"see {record['log']}")
         time.sleep(0.5)
     _record_path(home, service.name).write_text(json.dumps(record, indent=1))
-    return record
 
 
 def up(home: Path, ports: ServicePorts, creds: Credentials, repo: Path,
        progress: Callable[[str], None] = log.info) -> list[dict]:
-    """Start every service that is not already healthy; on a failure, stop what this call started."""
+    """Start every service that is not already healthy; on a failure, stop what this call started.
+
+    Services that need none start side by side, then those that need them: the waits for health (imports,
+    database migrations) overlap instead of adding up.
+    """
     (home / "services").mkdir(parents=True, exist_ok=True)
+    planned = plan_services(home, ports, creds, repo)
     started: list[dict] = []
-    records = []
+    records: dict[str, dict] = {}
     try:
-        for service in plan_services(home, ports, creds, repo):
-            record = _read_record(home, service.name)
-            if record and _ours(record) and service.healthy():
-                progress(f"{service.name}: already up at {record['url']} (pid {record['pid']})")
-                records.append(record)
-                continue
-            began = time.monotonic()
-            record = _start(home, service)
-            started.append(record)
-            records.append(record)
-            progress(f"{service.name}: up at {record['url']} (pid {record['pid']}, "
-                     f"{time.monotonic() - began:.1f} s)")
+        for wave in ([s for s in planned if s.needs is None], [s for s in planned if s.needs is not None]):
+            launched = []
+            for service in wave:
+                record = _read_record(home, service.name)
+                if record and _ours(record) and service.healthy():
+                    progress(f"{service.name}: already up at {record['url']} (pid {record['pid']})")
+                    records[service.name] = record
+                    continue
+                proc, record = _launch(home, service)
+                started.append(record)
+                launched.append((service, proc, record, time.monotonic()))
+            for service, proc, record, began in launched:
+                _await_healthy(home, service, proc, record)
+                records[service.name] = record
+                progress(f"{service.name}: up at {record['url']} (pid {record['pid']}, "
+                         f"{time.monotonic() - began:.1f} s)")
     except BaseException:
         for record in reversed(started):
             stop_process_group(record["pid"])
             _record_path(home, record["name"]).unlink(missing_ok=True)
         raise
-    return records
+    return [records[s.name] for s in planned]
 
 
 def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
