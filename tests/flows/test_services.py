@@ -107,7 +107,8 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
         manifest = json.loads(fs.cat(f"{published[0]}/manifest.json"))
         assert manifest["counts"]["passages"] > 4000
 
-        # the finetune deployment on the worker: a small index on S3, 2 DDP processes, the MLflow server's registry
+        # the finetune deployment on the worker: a small index on S3, the MLflow server's registry (2 DDP processes:
+        # tests/flows/test_finetune.py)
         from rag_core.index.encoders import Encoder, EncoderConfig
         from rag_core.storage import Store
         from tests.encoderfiles import save_tiny_bert
@@ -121,7 +122,7 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
         request = {"task": "cloze", "eval_examples": 4, "recipe": {
             "generator": str(save_tiny_llama(tmp_path / "llama")), "max_steps": 2, "batch_size": 4, "n_docs": 2}}
         tuned = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "finetune-deployment/finetune",
-                                "--param", f"requests={json.dumps([request])}", "--param", "nproc=2",
+                                "--param", f"requests={json.dumps([request])}", "--param", "nproc=1",
                                 "--watch", "--watch-timeout", "400"],
                                env=client_env, cwd=ROOT, capture_output=True, text=True, timeout=450)
         assert tuned.returncode == 0 and "Completed" in tuned.stdout, tuned.stdout[-3000:]
