@@ -273,7 +273,8 @@ def test_search_cli_local_and_s3_with_its_bad_inputs(articles: list, tiny: Path,
 def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, wiki: Path, home: Path,
                                                                 prefect_server: str, tmp_path: Path) -> None:
     """The README's main job on the sample's first 14 articles (719 of its 4,391 passages: the whole sample is the
-    README command's, run at each release); the sample's own fetch is tested in tests/flows/test_sample.py."""
+    README command's, checked in a fresh clone at each stop); the sample's own fetch is tested in
+    tests/flows/test_sample.py."""
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
     dump, _ = write_dump(tmp_path, _pages(articles))
     llama = save_tiny_llama(tmp_path / "llama")  # the real default generator's fetch is tested in test_models

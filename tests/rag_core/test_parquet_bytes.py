@@ -24,19 +24,13 @@ def test_no_module_hands_arrow_a_python_file_object() -> None:
     """``pq.read_table(io.BytesIO(...))`` or ``pq.write_table(t, io.BytesIO())`` anywhere in the package is the bug."""
     found = []
     for path in [p for d in ("rag_core", "flows", "tasks") for p in (ROOT / d).rglob("*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        bytesio_names = {t.id for n in nodes if isinstance(n, ast.Assign) and "BytesIO" in ast.unparse(n.value)
+                         for t in n.targets if isinstance(t, ast.Name)}
+        for node in nodes:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("read_table", "write_table", "ParquetFile"):
-                if "BytesIO" in ast.unparse(node) or any(
-                        isinstance(a, ast.Name) and a.id in _bytesio_names(path) for a in node.args):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                    node.func.attr in ("read_table", "write_table", "ParquetFile") and (
+                    "BytesIO" in ast.unparse(node)
+                    or any(isinstance(a, ast.Name) and a.id in bytesio_names for a in node.args)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
-
-
-def _bytesio_names(path: Path) -> set[str]:
-    """Names assigned ``io.BytesIO()`` in the module."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Assign) and "BytesIO" in ast.unparse(node.value):
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-    return names
