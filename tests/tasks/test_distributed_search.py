@@ -17,6 +17,7 @@ from rag_core.index.versions import CorruptShardError, IndexVersionError, ShardP
 from rag_core.storage import Store
 from tasks.distributed_search import DaskShardedIndex, place_shards, search_threads
 from tests.rag_core.index.test_faiss_index import clustered_vectors
+from tests.tasks.conftest import held_after_release
 
 DIM = 32
 SIZES = [300, 900, 800, 1000]  # four shards of unequal size; k=400 is more than shard 0 holds
@@ -48,10 +49,6 @@ def published(tmp_path_factory: pytest.TempPathFactory, corpus) -> tuple[Store, 
     versions = {"flat-ip": _publish(store, corpus), "hnsw": _publish(store, corpus, factory="HNSW32"),
                 "flat-l2-ids-only": _publish(store, corpus, metric="l2", titles=False)}
     return store, versions
-
-
-def _shard_keys(client: Client) -> set[str]:
-    return {key for keys in client.has_what().values() for key in keys if str(key).startswith("wikirag-shard-")}
 
 
 @pytest.mark.parametrize("name", ["flat-ip", "flat-l2-ids-only", "hnsw"])
@@ -95,7 +92,7 @@ def test_shards_are_spread_over_both_workers_and_stay_there(client: Client, publ
         assert remote.holders() == holders  # searching never copied or moved a shard
         assert all(len(w) == 1 for w in client.who_has(remote.shards).values())
         keys = {f.key for f in remote.shards}
-    assert not keys & _shard_keys(client)  # closing frees the workers' memory
+    assert not keys & held_after_release(client)  # closing frees the workers' memory (asynchronously)
     with pytest.raises(QueryError, match="was closed; load it again"):
         remote.search(corpus[1], 5)
 
@@ -156,7 +153,7 @@ def test_a_corrupt_shard_is_refused_with_the_in_process_message(client: Client, 
     with pytest.raises(CorruptShardError, match=r"shard-00002\.faiss: corrupt shard: sha256") as distributed:
         DaskShardedIndex.load(client, store, version)
     assert str(distributed.value) == str(in_process.value) and "\n" not in str(distributed.value)
-    assert not any(version in str(key) for key in _shard_keys(client))  # the healthy shards were freed too
+    assert not any(version in str(key) for key in held_after_release(client))  # the healthy shards were freed too
 
 
 def test_missing_versions_and_bad_queries_are_clear_errors(client: Client, published, corpus) -> None:

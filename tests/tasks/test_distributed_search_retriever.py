@@ -3,7 +3,6 @@ on the same published version (a real FAISS index of real passages, a real tiny 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from rag_core.storage import Store
 from tasks.distributed_search import DaskRetriever
 from tests.encoderfiles import tiny_encoder
 from tests.passagefiles import publish_small_index, sample_passages
+from tests.tasks.conftest import held_after_release, shard_keys
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,18 +33,6 @@ def published(wiki: Path, tmp_path_factory: pytest.TempPathFactory):
     version = publish_small_index(store, "d1", passages, encoder, shards=3)
     questions = encoder.encode_questions(["What is anarchism?", "Where is Alabama?", "Who was Achilles?"])
     return store, version, questions
-
-
-def _shard_keys(client: Client) -> list[str]:
-    return sorted(str(k) for keys in client.has_what().values() for k in keys if str(k).startswith("wikirag-shard-"))
-
-
-def _released(client: Client) -> list[str]:
-    """The shard keys still held once the workers have had a few seconds to drop released ones (asynchronous)."""
-    deadline = time.monotonic() + 10
-    while (keys := _shard_keys(client)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return keys
 
 
 def test_same_retrieved_as_the_in_process_retriever(client: Client, published) -> None:
@@ -61,7 +49,7 @@ def test_same_retrieved_as_the_in_process_retriever(client: Client, published) -
             assert np.array_equal(doc_scores, np.einsum("bd,bnd->bn", questions, want.doc_vectors))
         with pytest.raises(RetrieverError, match="holds 300 passages; n_docs=301 needs at least that many"):
             remote.retrieve(questions, 301)
-    assert _released(client) == []  # closed: the workers dropped the shards
+    assert held_after_release(client) == set()  # closed: the workers dropped the shards
 
 
 def test_loads_under_one_share_name_hold_one_copy(client: Client, published) -> None:
@@ -72,13 +60,13 @@ def test_loads_under_one_share_name_hold_one_copy(client: Client, published) -> 
         first = DaskRetriever.load(client, store, version, share="job-1")
         second = DaskRetriever.load(other, store, version, share="job-1")
         private = DaskRetriever.load(client, store, version)
-        keys = _shard_keys(client)
+        keys = sorted(shard_keys(client))
         assert len(keys) == 6 and len([k for k in keys if k.endswith("-job-1-vectors")]) == 3  # not 9
         first.close()  # another holder keeps the shared copy alive
         private.close()
         assert np.array_equal(second.retrieve(questions, 5).doc_vectors, want.doc_vectors)
         second.close()
-    assert _released(client) == []
+    assert held_after_release(client) == set()
 
 
 def test_vectors_are_checked_like_the_in_process_retriever(client: Client, published, tmp_path: Path) -> None:
@@ -100,4 +88,4 @@ def test_vectors_are_checked_like_the_in_process_retriever(client: Client, publi
             DaskRetriever.load(client, store, version)
     finally:
         store.write_bytes(data, ref.vectors)
-    assert _released(client) == []
+    assert held_after_release(client) == set()
