@@ -85,12 +85,6 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
         deployments = {d["name"]: d for d in _api(api, "/deployments/filter", {})}
         assert {"index-rebuild-enwiki", "ingest-enwiki"} <= set(deployments)
         assert {d["version"] for d in deployments.values()} == {commit}  # the code each deployment runs
-        query = {"deployments": {"id": {"any_": [deployments["index-rebuild-enwiki"]["id"]]}},
-                 "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
-        deadline = time.monotonic() + 150  # the server's scheduler wakes every 60 s; on a busy machine, later
-        while not (scheduled := _api(api, "/flow_runs/filter", query)) and time.monotonic() < deadline:
-            time.sleep(3)
-        assert scheduled, "the scheduled index rebuild shows no upcoming runs"
 
         params = {"dump": str(wiki / "enwiki-sample-pages-articles-multistream.xml.bz2"),
                   "index": str(wiki / "enwiki-sample-pages-articles-multistream-index.txt.bz2")}
@@ -138,6 +132,14 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
              ".get_model_version_by_alias('wikirag-cloze', 'champion'); print(json.dumps(dict(v.tags)))"],
             env=client_env, capture_output=True, text=True, timeout=120).stdout)
         assert champion["index_version"] == version and champion["store"] == "s3://wikirag/store"
+
+        # checked last: the server's scheduler wakes every 60 s, so the deployment runs above overlap that wait
+        query = {"deployments": {"id": {"any_": [deployments["index-rebuild-enwiki"]["id"]]}},
+                 "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
+        deadline = time.monotonic() + 150  # on a busy machine the scheduler's pass comes later
+        while not (scheduled := _api(api, "/flow_runs/filter", query)) and time.monotonic() < deadline:
+            time.sleep(3)
+        assert scheduled, "the scheduled index rebuild shows no upcoming runs"
 
         assert SECRET not in started.stdout + started.stderr + run.stdout + run.stderr + tuned.stdout + tuned.stderr
         leaks = [str(p) for p in home.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
