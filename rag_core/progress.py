@@ -30,6 +30,14 @@ LOG_INTERVAL_S = 30.0  # at most this long between two log lines when output is 
 T = TypeVar("T")
 
 
+def _rate(done: int, elapsed: float, unit: str) -> str:
+    """Units per second, or seconds per unit when slower than one a second (training steps: "0.0 steps/s" says
+    nothing)."""
+    if done and elapsed > done:
+        return f"{elapsed / done:,.1f} s/{unit}"
+    return f"{done / elapsed if elapsed > 0 else 0.0:,.1f} {unit}s/s"
+
+
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:
@@ -97,7 +105,7 @@ class StageProgress:
             eta = f"ETA {_duration((self.total - done) / rate)}" if rate > 0 else "ETA unknown"
         else:
             head, eta = f"{done:,} {units}", "total unknown"
-        return f"{self.stage}: {head}, {rate:,.1f} {units}/s, {eta}, {_duration(elapsed)} elapsed"
+        return f"{self.stage}: {head}, {_rate(done, elapsed, self.unit)}, {eta}, {_duration(elapsed)} elapsed"
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
@@ -116,10 +124,9 @@ class StageProgress:
             self._bar.close()
         elif self._logged:
             elapsed = self._clock() - self._started
-            rate = self.done / elapsed if elapsed > 0 else 0.0
             how = "stopped by an error after" if failed else "done,"
             self._log(f"{self.stage}: {how} {self.done:,} {self.unit}s in {_duration(elapsed)} "
-                      f"({rate:,.1f} {self.unit}s/s)")
+                      f"({_rate(self.done, elapsed, self.unit)})")
 
     def __enter__(self) -> StageProgress:
         return self

@@ -34,7 +34,7 @@ def test_line_says_stage_done_total_rate_and_eta() -> None:
     assert progress.line() == "embed 2/4: 50/200 passages (25%), 5.0 passages/s, ETA 30 s, 10 s elapsed"
     clock.now += 290
     progress.update(1)
-    assert progress.line().endswith("(26%), 0.2 passages/s, ETA 14.6 min, 5.0 min elapsed")  # 149 left at 51/300 s
+    assert progress.line().endswith("(26%), 5.9 s/passage, ETA 14.6 min, 5.0 min elapsed")  # 149 left at 51/300 s
     unknown = StageProgress("parse", total=None, unit="page", tty=False, interval=0, clock=clock)
     assert unknown.line() == "parse: 0 pages, 0.0 pages/s, total unknown, 0 s elapsed"
 
