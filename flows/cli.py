@@ -198,8 +198,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         fetch_default_generator(settings.home)
     where = {"store": settings.store_url,
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
-             "Prefect UI": persistent.removesuffix("/api") if persistent else
-             "`wikirag server start` keeps a Prefect server (and its UI) for the next runs",
+             **({"Prefect UI": persistent.removesuffix("/api")} if persistent else
+                {"Prefect UI (a server kept for the next runs)": "wikirag server start"}),
              "ask the model": 'wikirag ask --model models:/wikirag-cloze@champion "your question"'}
     with prefect_api(settings.prefect_home):
         from flows.pipeline import ShortRun, pipeline
