@@ -26,7 +26,7 @@ from flows.process_groups import die_with_parent
 from rag_core.index.versions import latest_version
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
-from tests.conftest import SAMPLE_BZ2
+from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.flows.test_index_rebuild import _pages, write_dump
 
 pytestmark = pytest.mark.slow
@@ -196,6 +196,38 @@ def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_re
     gc = _cli("indexes", "gc", "--older-than", "0", env=env)
     assert gc.returncode == 0 and all(f"removed indexes/{name}: " in gc.stdout for name in stopped), gc.stdout
     assert _cli("indexes", "verify", version, env=env).stdout.strip().endswith("files match their sha256")
+
+
+def test_a_stop_mid_embedding_on_s3_publishes_nothing_and_the_rerun_resumes(
+        wiki: Path, home: Path, tmp_path: Path, prefect_server: str, s3_server: S3Server) -> None:
+    """The same promise on the real S3 server (SeaweedFS, credentials from the environment), at the stage that
+    writes the most objects: SIGTERM while shards are embedding."""
+    import s3fs
+
+    articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:6]
+    dump, index = write_dump(tmp_path, _pages(articles))
+    prefix = f"{s3_server.bucket}/stopping-{tmp_path.name}"
+    env = {**os.environ, **s3_server.env(), "WIKIRAG_STORE": f"s3://{prefix}", "WIKIRAG_WORKERS": "2",
+           "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
+    args = ["index-rebuild", str(dump), "--index", str(index), "--shards", str(SHARDS), "--encoder-dtype", "auto"]
+    stop = STOPS[1]._replace(own_server=False)
+    code, stderr, ran_for, stopped_in, seen = _run_until([sys.executable, "-m", "flows.cli", *args], env, stop)
+    print(f"embedding on S3: SIGTERM after {ran_for:.1f} s -> exit {code} in {stopped_in:.1f} s, "
+          f"{len(seen)} processes it started")
+    assert code == 143 and stopped_in < STOP_WITHIN_S, stderr[-3000:]
+    time.sleep(1)
+    assert _still_running(seen) == []
+    fs = s3fs.S3FileSystem(**s3_server.options(), skip_instance_cache=True)
+    assert not fs.exists(f"{prefix}/indexes/LATEST")
+    finished = fs.glob(f"{prefix}/embeddings/*/*/rows-*.json")
+    assert 1 <= len(finished) < SHARDS, finished  # signalled while shards were still embedding
+    assert not fs.glob(f"{prefix}/indexes/*/manifest.json")  # nothing of the stopped version is visible
+
+    rerun = _cli(*args, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stderr.count("already embedded") >= len(finished)  # finished shards are not encoded again
+    version = rerun.stdout.strip()
+    assert latest_version(Store(f"s3://{prefix}", s3_server.options())) == version
 
 
 def test_a_stop_signal_that_library_code_turns_into_another_error_is_still_a_stop(
