@@ -15,6 +15,8 @@ published when the kill came).
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import json
 import os
 import re
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -32,6 +35,7 @@ import s3fs
 from flows.cli import main
 from flows.process_groups import die_with_parent
 from flows.settings import Settings, retry_window_s
+from rag_core.storage import S3FS_TRIES, StoreUnreachableError
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from tests.conftest import SAMPLE_BZ2, S3Server, SeaweedFS
 from tests.encoderfiles import save_tiny_bert
@@ -209,3 +213,118 @@ def test_the_retry_setting_reaches_botocore_and_bounds_s3fs(s3_server: S3Server,
     assert store.fs.s3.meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
     assert (store.fs.retries, retry_window_s(3), retry_window_s()) == (2, 7.0, 71.0)
 
+
+
+class Busy503Proxy:
+    """An HTTP proxy in front of the real S3 server that answers ``503 SlowDown`` to the next ``fail_next`` requests
+    and relays the rest unchanged (the Host header too, so that SigV4 signatures still verify)."""
+
+    BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+            b"<Message>Please reduce your request rate.</Message></Error>")
+
+    def __init__(self, backend: str) -> None:
+        self.backend = urllib.parse.urlsplit(backend)
+        self.fail_next, self.failed, self.relayed = 0, 0, 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet: pytest shows stderr on failures
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while size := int(self.rfile.readline().split(b";")[0], 16):
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    return b"".join(chunks)
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _handle(self) -> None:
+                body = self._body()
+                with proxy.lock:
+                    busy = proxy.fail_next > 0
+                    proxy.fail_next -= busy
+                    proxy.failed += busy
+                    proxy.relayed += not busy
+                if busy:
+                    self.send_response(503)
+                    for name, value in (("Content-Type", "application/xml"), ("Retry-After", "0"),
+                                        ("Content-Length", str(len(Busy503Proxy.BODY)))):
+                        self.send_header(name, value)
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(Busy503Proxy.BODY)
+                    return
+                conn = http.client.HTTPConnection(proxy.backend.hostname, proxy.backend.port, timeout=30)
+                try:
+                    conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                    for name, value in self.headers.items():
+                        if name.lower() != "transfer-encoding":
+                            conn.putheader(name, value)
+                    if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                        conn.putheader("Content-Length", str(len(body)))
+                    conn.endheaders(body or None)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status, resp.reason)
+                for name, value in resp.getheaders():
+                    if name.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Busy503Proxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_real_http_503s_are_retried_and_a_store_that_keeps_answering_503_is_one_line(
+        s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers 503 SlowDown (a real HTTP response, through a proxy in front of SeaweedFS): a few are
+    ridden through by the retries; one that keeps answering 503 ends in the one-line unreachable-store error
+    after a bounded number of requests, and the object is not there."""
+    with Busy503Proxy(s3_server.endpoint) as proxy:
+        for key, value in {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url, "WIKIRAG_STORE_RETRIES": "3"}.items():
+            monkeypatch.setenv(key, value)
+        store = Settings(store=f"s3://{s3_server.bucket}/busy").open_store()
+        store.check_writable()
+        proxy.fail_next = 3  # fewer than the 4 attempts a request gets
+        store.write_json({"written": "through three 503s"}, "ridden.json")
+        assert proxy.failed == 3 and proxy.fail_next == 0
+        direct = s3fs.S3FileSystem(**s3_server.options(), skip_instance_cache=True)
+        assert json.loads(direct.cat(f"{s3_server.bucket}/busy/ridden.json")) == {"written": "through three 503s"}
+
+        proxy.failed, proxy.fail_next = 0, 10_000
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachableError) as error:
+            store.write_json({"never": "written"}, "refused.json")
+        took = time.monotonic() - started
+        message = str(error.value)
+        assert "\n" not in message and "busy/refused.json" in message, message
+        assert "the store answered HTTP 503" in message and "AWS_ENDPOINT_URL" in message, message
+        # 4 botocore attempts per call, s3fs's two tries at most: bounded, never a loop
+        assert 4 <= proxy.failed <= 4 * S3FS_TRIES, proxy.failed
+        assert took < S3FS_TRIES * (retry_window_s(3) + 4 * 5), took
+        print(f"503 until the end: {proxy.failed} requests, one line after {took:.1f} s: {message}")
+        proxy.fail_next = 0
+        assert not direct.exists(f"{s3_server.bucket}/busy/refused.json")
