@@ -35,11 +35,14 @@ import s3fs
 from flows.cli import main
 from flows.process_groups import die_with_parent
 from flows.settings import Settings, retry_window_s
-from rag_core.storage import S3FS_TRIES, StoreUnreachableError
+from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.index.versions import latest_version
+from rag_core.storage import S3FS_TRIES, Store, StoreUnreachableError
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from tests.conftest import SAMPLE_BZ2, S3Server, SeaweedFS
 from tests.encoderfiles import save_tiny_bert
 from tests.flows.test_index_rebuild import _pages, write_dump
+from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +220,8 @@ def test_the_retry_setting_reaches_botocore_and_bounds_s3fs(s3_server: S3Server,
 
 class Busy503Proxy:
     """An HTTP proxy in front of the real S3 server that answers ``503 SlowDown`` to the next ``fail_next`` requests
-    and relays the rest unchanged (the Host header too, so that SigV4 signatures still verify)."""
+    and to those ``fail_when(method, path)`` picks, and relays the rest unchanged (the Host header too, so that SigV4
+    signatures still verify)."""
 
     BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
             b"<Message>Please reduce your request rate.</Message></Error>")
@@ -225,6 +229,7 @@ class Busy503Proxy:
     def __init__(self, backend: str) -> None:
         self.backend = urllib.parse.urlsplit(backend)
         self.fail_next, self.failed, self.relayed = 0, 0, 0
+        self.fail_when: Callable[[str, str], bool] | None = None
         self.lock = threading.Lock()
         proxy = self
 
@@ -250,6 +255,7 @@ class Busy503Proxy:
                 with proxy.lock:
                     busy = proxy.fail_next > 0
                     proxy.fail_next -= busy
+                    busy = busy or bool(proxy.fail_when and proxy.fail_when(self.command, self.path))
                     proxy.failed += busy
                     proxy.relayed += not busy
                 if busy:
@@ -328,3 +334,40 @@ def test_real_http_503s_are_retried_and_a_store_that_keeps_answering_503_is_one_
         print(f"503 until the end: {proxy.failed} requests, one line after {took:.1f} s: {message}")
         proxy.fail_next = 0
         assert not direct.exists(f"{s3_server.bucket}/busy/refused.json")
+
+
+def test_a_store_failing_the_move_of_latest_leaves_latest_as_it_was_and_the_rerun_publishes(
+        s3_server: S3Server, prefect_server: str, home: Path, tmp_path: Path) -> None:
+    """The last step of publishing fails for real (every PUT of LATEST answered 503 through the retries): one line,
+    exit 2, LATEST still on the version it named, which still answers; the rerun reuses the embedded shards and
+    publishes. (The other stages' outages: the test above, with the server killed.)"""
+    prefix = f"{s3_server.bucket}/publish-{tmp_path.name}"
+    tiny = save_tiny_bert(tmp_path / "tiny")
+    encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
+    old = publish_small_index(Store(f"s3://{prefix}", s3_server.options()), "d1", sample_passages().slice(0, 40),
+                              encoder, 1)
+    dump, index = _dump(tmp_path, 3)
+    with Busy503Proxy(s3_server.endpoint) as proxy:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env |= {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url, "WIKIRAG_STORE": f"s3://{prefix}",
+                "WIKIRAG_STORE_RETRIES": "2", "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2",
+                "PYTHONPATH": str(REPO)}
+        args = [sys.executable, "-m", "flows.cli", "index-rebuild", str(dump), "--index", str(index), "--shards", "2",
+                "--encoder", str(tiny), "--encoder-dtype", "float32"]
+        proxy.fail_when = lambda method, path: method == "PUT" and path.split("?")[0].endswith("/indexes/LATEST")
+        failed = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+                                preexec_fn=die_with_parent, check=False)
+        last = failed.stderr.strip().splitlines()[-1]
+        assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+        assert last.startswith("wikirag: error: ") and "indexes/LATEST" in last and "HTTP 503" in last, last
+        assert proxy.failed >= 3  # the retries were spent on LATEST
+        print(f"LATEST answered 503 {proxy.failed} times: {last}")
+        direct = Store(f"s3://{prefix}", s3_server.options())
+        assert latest_version(direct) == old  # readers still get the old version, whole
+
+        proxy.fail_when = None
+        rerun = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+                               preexec_fn=die_with_parent, check=False)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stderr.count("already embedded") == 2  # nothing encoded again
+    assert latest_version(direct) == rerun.stdout.strip() != old
