@@ -36,6 +36,7 @@ from flows.cli import main
 from flows.process_groups import die_with_parent
 from flows.settings import Settings, retry_window_s
 from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.index.search import ShardedIndex
 from rag_core.index.versions import latest_version
 from rag_core.storage import S3FS_TRIES, Store, StoreUnreachableError
 from rag_core.wiki.dumps import DumpSource, iter_pages
@@ -217,7 +218,6 @@ def test_the_retry_setting_reaches_botocore_and_bounds_s3fs(s3_server: S3Server,
     assert (store.fs.retries, retry_window_s(3), retry_window_s()) == (2, 7.0, 71.0)
 
 
-
 class Busy503Proxy:
     """An HTTP proxy in front of the real S3 server that answers ``503 SlowDown`` to the next ``fail_next`` requests
     and to those ``fail_when(method, path)`` picks, and relays the rest unchanged (the Host header too, so that SigV4
@@ -228,7 +228,7 @@ class Busy503Proxy:
 
     def __init__(self, backend: str) -> None:
         self.backend = urllib.parse.urlsplit(backend)
-        self.fail_next, self.failed, self.relayed = 0, 0, 0
+        self.fail_next, self.failed = 0, 0
         self.fail_when: Callable[[str, str], bool] | None = None
         self.lock = threading.Lock()
         proxy = self
@@ -257,7 +257,6 @@ class Busy503Proxy:
                     proxy.fail_next -= busy
                     busy = busy or bool(proxy.fail_when and proxy.fail_when(self.command, self.path))
                     proxy.failed += busy
-                    proxy.relayed += not busy
                 if busy:
                     self.send_response(503)
                     for name, value in (("Content-Type", "application/xml"), ("Retry-After", "0"),
@@ -364,6 +363,8 @@ def test_a_store_failing_the_move_of_latest_leaves_latest_as_it_was_and_the_reru
         print(f"LATEST answered 503 {proxy.failed} times: {last}")
         direct = Store(f"s3://{prefix}", s3_server.options())
         assert latest_version(direct) == old  # readers still get the old version, whole
+        hits = ShardedIndex.load(direct).search(encoder.encode_questions(["Who was Achilles?"]), 3)[0]
+        assert len(hits) == 3 and all(h.passage_id for h in hits)  # and it answers
 
         proxy.fail_when = None
         rerun = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
