@@ -37,7 +37,8 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
                            "from the index)")
     recipe = {name: value for name, value in (("kind", args.kind), ("max_steps", args.max_steps),
                                               ("batch_size", args.batch_size), ("lr", args.lr),
-                                              ("n_docs", args.n_docs)) if value is not None}
+                                              ("n_docs", args.n_docs),
+                                              ("train_generator_layers", args.train_layers)) if value is not None}
     recipe["generator"] = str(resolve_generator(settings.home, args.generator))
     return {"task": args.task, "train": args.train, "dev": args.dev, "recipe": recipe,
             "eval_examples": args.eval_examples}
@@ -78,6 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--batch-size", type=int, help="global batch, all processes together (default 8)")
     tune.add_argument("--lr", type=float, help="peak learning rate (default 3e-5, the paper's)")
     tune.add_argument("--n-docs", type=int, help="passages per question (default 5)")
+    tune.add_argument("--train-layers", type=int, metavar="N", help="train only the generator's last N decoder "
+                      "blocks, freezing the rest (cheaper steps; default: every parameter)")
     tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated (default 64)")
     tune.add_argument("--margin", type=float, default=0.0, help="promotion gate: beat the champion's dev metric by "
                       "this much (default 0)")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from flows.settings import Settings, StoreAccess, quiet_environment
 from rag_core.train.cloze import ClozeConfig
-from rag_core.train.recipe import TrainConfig
+from rag_core.train.recipe import TrainConfig, trajectory_key
 from tasks.dataset_quality import gate_dataset, gate_predictions
 from tasks.evaluation import evaluate, load_examples, record_evaluation
 from tasks.finetune import (
@@ -131,9 +131,11 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     gate_dataset(request.task, train_examples, dev_examples, target)
     dev_examples = dev_examples[: request.eval_examples]
 
-    config = TrainConfig.model_validate({"output": output or f"runs/{request.task}/{index_version}",
-                                         **request.recipe, "task": request.task, "train": train_url,
+    config = TrainConfig.model_validate({**request.recipe, "task": request.task, "train": train_url,
                                          "dev": dev_url, "index_version": index_version})
+    # one folder per recipe: another recipe on the same index must not meet this one's checkpoints
+    config = config.model_copy(update={"output": output or
+                                       f"runs/{request.task}/{index_version}/{trajectory_key(config)}"})
     print_ = fingerprint(config, f"{request.eval_examples}|{request.max_new_tokens}|{request.decoding}|"
                                  f"{request.eval_precision}")
     if not force and (done := registered_with(tracking_uri, request.task, print_)) is not None:

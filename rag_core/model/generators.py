@@ -232,6 +232,31 @@ def load_generator(path: Path, dtype: str = "float32", device: str = "cpu") -> t
     return model, tokenizer
 
 
+def train_last_blocks(model: nn.Module, n: int) -> tuple[int, int]:
+    """Freeze the whole generator except its decoder's last ``n`` blocks (all if it has fewer) and the norm after them.
+
+    Gradients then start no lower than the first trained block, so autograd skips the backward
+    pass of everything beneath it (about two thirds of a frozen block's training cost); the
+    embeddings (and a head tied to them) stay as loaded. Returns (trained blocks, decoder blocks).
+    """
+    decoder = model.get_decoder()
+    blocks = next((m for name in ("layers", "h", "block") if isinstance(m := getattr(decoder, name, None), nn.ModuleList)),
+                  None)
+    if blocks is None:
+        raise RagModelError(f"generator {type(model).__name__}: no list of decoder blocks (layers, h or block) to "
+                            "train the last ones of; train every parameter (train_generator_layers=None)")
+    if n < 1:
+        raise RagModelError(f"train_generator_layers={n}: give a number of decoder blocks >= 1, or None to train "
+                            "every parameter")
+    n = min(n, len(blocks))  # "the last 10" of a smaller model is all of them
+    model.requires_grad_(False)
+    blocks[len(blocks) - n:].requires_grad_(True)
+    for name, child in decoder.named_children():  # the final norm (norm, ln_f, final_layer_norm), not the input's
+        if "norm" in type(child).__name__.lower() and "embed" not in name:
+            child.requires_grad_(True)
+    return n, len(blocks)
+
+
 def family_of(model: nn.Module, tokenizer: Any, config: Any) -> Seq2SeqFamily | DecoderOnlyFamily:
     """The family object for ``model`` (``config``: a RagConfig, for lengths and separators)."""
     if model.config.is_encoder_decoder:

@@ -39,6 +39,8 @@ step at setup (RNG forked) and frozen, so DDP needs no ``find_unused_parameters`
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import math
 import random
@@ -94,6 +96,10 @@ class TrainConfig(BaseModel):
     n_docs: int = Field(5, ge=1, description="passages per question (the paper: 5 or 10)")
     max_context_length: int = Field(300, ge=8, description="seq2seq generator input tokens per passage")
     max_answer_length: int = Field(64, ge=2, description="target tokens per answer")
+    train_generator_layers: int | None = Field(
+        None, ge=1, description="train only the generator's last N decoder blocks (and its final norm), freezing "
+                                "the rest: the backward pass stops there, so a step costs less; None = every "
+                                "parameter (the paper)")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="epsilon of the paper's label smoothing")
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="every dropout probability in both towers; "
                                                                      "None = the models' own")
@@ -166,6 +172,16 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     if config.schedule == "linear":
         return max(0.0, 1.0 - progress)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def trajectory_key(config: TrainConfig) -> str:
+    """A hash of the fields that decide what a run computes (not ``output``, not :data:`RUN_CONTROL`).
+
+    Runs with the same key may share an output folder and resume each other's checkpoints; a
+    changed recipe gets a folder of its own instead of the checkpoint's "config differs" error.
+    """
+    fields = config.model_dump(mode="json", exclude={"output", *RUN_CONTROL})
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def initial_model(config: TrainConfig, retriever: Any, device: str = "cpu") -> Any:
@@ -256,6 +272,11 @@ class Recipe:
         found = None if latest is None else ckpt.read_checkpoint(self.output.child("checkpoints"), latest)
         # a resumed run retrieves from the version it started with, wherever LATEST points now
         self.model = self._build_model(c.index_version or (found.state.index_version if found else None))
+        if c.train_generator_layers is not None:
+            from rag_core.model.generators import train_last_blocks
+
+            trained, blocks = train_last_blocks(self.model.generator, c.train_generator_layers)
+            log.info("generator: training its last %d of %d decoder blocks, the rest frozen", trained, blocks)
         self.trainable = self._freeze_unreached()
         opt = torch.optim.AdamW if c.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = opt([p for _, p in self.trainable], lr=c.lr, eps=c.adam_eps, weight_decay=c.weight_decay,

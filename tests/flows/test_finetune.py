@@ -67,6 +67,19 @@ def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, 
     assert holders(store, version) == ["LATEST", "pin 'mlflow:wikirag-nq/1'"]  # the model's index cannot be deleted
     assert client.get_model_version_by_alias("wikirag-nq", "champion").run_id == outcome["run_id"]
 
+    # Another recipe on the same index trains in a folder of its own (it used to meet the first run's checkpoint
+    # and fail with "config differs"); --train-layers reaches the recipe.
+    partial = _cli(env, "finetune", "--task", "nq", "--train", str(train), "--dev", str(dev), "--generator",
+                   str(tmp_path / "llama"), "--nproc", "2", "--max-steps", "3", "--batch-size", "4",
+                   "--n-docs", "2", "--eval-examples", "6", "--train-layers", "1")
+    assert partial.returncode == 0, partial.stderr[-4000:]
+    second = json.loads(partial.stdout.strip().splitlines()[-1])
+    assert second["run_id"] != outcome["run_id"] and second["model_version"] == "2" and second["steps"] == 3
+    params = client.get_run(second["run_id"]).data.params
+    assert params["train_generator_layers"] == "1"
+    assert int(params["trainable_parameters"]) < int(run.data.params["trainable_parameters"])
+    assert "training its last 1 of 2 decoder blocks" in partial.stderr
+
 
 def test_finetune_refuses_a_task_without_files(tmp_path: Path) -> None:
     env = {**os.environ, "WIKIRAG_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}

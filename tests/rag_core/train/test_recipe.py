@@ -13,8 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rag_core.train.checkpoints import CheckpointError, latest_checkpoint, load_model, step_folder
-from rag_core.train.recipe import Distributed, TrainConfig, TrainConfigError, lr_factor, micro_positions, run
+from rag_core.train.checkpoints import CheckpointError, latest_checkpoint, load_model, read_checkpoint, step_folder
+from rag_core.train.recipe import (
+    Distributed,
+    TrainConfig,
+    TrainConfigError,
+    lr_factor,
+    micro_positions,
+    run,
+    trajectory_key,
+)
 from rag_core.train.tracking import MemoryLogger
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -63,6 +71,14 @@ def test_every_example_of_a_global_batch_is_read_once(world: int, accum: int) ->
         assert read == list(range(step * 24, (step + 1) * 24))
     assert Distributed.from_environ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == Distributed(1, 4, 1)
     assert Distributed.from_environ({}) == Distributed(0, 1, 0)
+
+
+def test_the_trajectory_key_changes_with_the_recipe_not_with_run_control() -> None:
+    config = TrainConfig(task="nq", train="x", output="runs/a")
+    key = trajectory_key(config)
+    assert trajectory_key(config.model_copy(update={"output": "runs/b", "max_steps": 7, "threads": 2})) == key
+    assert trajectory_key(config.model_copy(update={"lr": 1e-4})) != key
+    assert trajectory_key(config.model_copy(update={"train_generator_layers": 10})) != key
 
 
 # ----------------------------------------------------------------------------- runs
@@ -141,3 +157,25 @@ def test_a_few_dozen_cloze_steps_lower_the_dev_loss(tiny: SimpleNamespace, gener
     (_, before), (_, after) = result.dev_losses[0], result.dev_losses[-1]
     print(f"\n{generator}: dev loss {before:.2f} -> {after:.2f} after 30 steps; {result.examples_per_s:.1f} examples/s")
     assert after < 0.9 * before
+
+
+@pytest.mark.parametrize(("generator", "trained"), [
+    ("llama", ("generator.model.layers.1.", "generator.model.norm.")),  # the last of 2 blocks and the final norm
+    ("bart", ("generator.model.decoder.layers.0.",)),  # BART's decoder has 1 block and no final norm
+])
+def test_training_the_last_blocks_leaves_the_rest_of_the_generator_as_loaded(tiny: SimpleNamespace, generator: str,
+                                                                             trained: tuple[str, ...]) -> None:
+    path = getattr(tiny, generator)
+    whole, last = MemoryLogger(), MemoryLogger()
+    run(make_config(tiny, f"runs/all-{generator}", generator=path, max_steps=1), tiny.store, logger=whole)
+    run(make_config(tiny, f"runs/last-{generator}", generator=path, max_steps=1, train_generator_layers=1),
+        tiny.store, logger=last)
+    start = {f"generator.{k}": v for k, v in load_file(Path(path) / "model.safetensors").items()}
+    after = parameters(tiny, f"runs/last-{generator}", 1)
+    moved = {name for name, value in start.items() if name in after and not torch.equal(value, after[name])}
+    assert moved == {name for name in start if name in after and name.startswith(trained)}, sorted(moved)
+    stated = read_checkpoint(tiny.store.child(f"runs/last-{generator}/checkpoints"), 1).state.param_names
+    assert {n for n in stated if not n.startswith("question_encoder.")} == moved  # the optimizer holds no frozen one
+    assert any(n.startswith("question_encoder.") for n in stated)  # the question tower still trains
+    assert last.params["train_generator_layers"] == 1
+    assert last.params["trainable_parameters"] < whole.params["trainable_parameters"]
