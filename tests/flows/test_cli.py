@@ -77,3 +77,19 @@ def test_store_access_keeps_credentials_out_of_what_is_recorded(monkeypatch: pyt
     assert access.options("https://dumps.wikimedia.org/x.bz2") == {} and access.store().options["key"] == "key"
     assert "very-secret" not in access.model_dump_json() and "very-secret" not in repr(access)
     assert StoreAccess.model_validate("/a/local/store") == StoreAccess(url="/a/local/store")
+
+
+def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) -> None:
+    from flows.cli import short_run_fields
+    from flows.pipeline import ShortRun
+
+    parse = build_parser().parse_args
+    assert short_run_fields(parse(["run"])) == {}  # ShortRun's own defaults
+    assert ShortRun(**short_run_fields(parse(["run", "--train-layers", "all"]))).train_layers is None
+    assert short_run_fields(parse(["run", "--train-layers", "8", "--max-steps", "3"])) == {"train_layers": 8,
+                                                                                          "max_steps": 3}
+    for bad in ("0", "-2", "some"):
+        with pytest.raises(SystemExit):
+            parse(["run", "--train-layers", bad])
+        assert f"'{bad}': give a number of decoder blocks >= 1, or all" in capsys.readouterr().err
+    assert f"(default {ShortRun().train_layers} of SmolLM2's 30" in help_text(capsys, "run")
