@@ -173,12 +173,17 @@ def rank_memory(retriever, parameters: int, per_rank_batch: int, n_docs: int) ->
              16 * parameters, f"16 B x {parameters / 1e6:.1f}M parameters (independent of the index)")]
 
 
-def main() -> int:
-    emulate_avx2_if_asked()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags :func:`build_inputs` reads: where the generator is, and how many passages the index holds."""
     parser.add_argument("--home", help="wikirag workspace holding models/SmolLM2-135M-Instruct")
     parser.add_argument("--generator", help="generator folder (overrides --home)")
     parser.add_argument("--passages", type=int, default=300, help="sample passages in the index")
+
+
+def main() -> int:
+    emulate_avx2_if_asked()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_input_arguments(parser)
     parser.add_argument("--n-docs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16, help="global batch (the same for 1 and 2 processes; "
                         "the paper: 128; at 8 a step's fixed cost, the all-reduce of every gradient and the optimizer "

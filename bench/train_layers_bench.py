@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import RunInfo, emulate_avx2_if_asked, publish, spread
-from train_bench import build_inputs
+from train_bench import add_input_arguments, build_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,9 +31,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     emulate_avx2_if_asked()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--home", help="wikirag workspace holding models/SmolLM2-135M-Instruct")
-    parser.add_argument("--generator", help="generator folder (overrides --home)")
-    parser.add_argument("--passages", type=int, default=300, help="sample passages in the index")
+    add_input_arguments(parser)
     parser.add_argument("--layers", type=int, help="decoder blocks trained in the partial runs (default: the "
                         "main job's, flows/pipeline.py ShortRun.train_layers)")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run; the first warms up")
@@ -50,6 +48,7 @@ def main() -> int:
     from flows.settings import quiet_environment
     from rag_core.index.encoders import default_encoder_config
     from rag_core.train.recipe import TrainConfig, run
+    from rag_core.train.tracking import MemoryLogger
 
     quiet_environment()
     short = ShortRun()
@@ -65,8 +64,6 @@ def main() -> int:
                            max_steps=args.steps, checkpoint_every=0, threads=1, output="runs/bench")
         for repeat in range(args.repeats):
             for name, layers in (("all", None), ("last", args.layers)):
-                from rag_core.train.tracking import MemoryLogger
-
                 logger = MemoryLogger()
                 config = base.model_copy(update={"train_generator_layers": layers, "output": f"runs/{name}-{repeat}"})
                 result = run(config, store, logger=logger)

@@ -174,13 +174,18 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+def trajectory(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A dumped config without :data:`RUN_CONTROL`: what a resumed run must share with its checkpoint."""
+    return {k: v for k, v in config.items() if k not in RUN_CONTROL}
+
+
 def trajectory_key(config: TrainConfig) -> str:
-    """A hash of the fields that decide what a run computes (not ``output``, not :data:`RUN_CONTROL`).
+    """A hash of :func:`trajectory` without ``output``: the fields that decide what a run computes.
 
     Runs with the same key may share an output folder and resume each other's checkpoints; a
     changed recipe gets a folder of its own instead of the checkpoint's "config differs" error.
     """
-    fields = config.model_dump(mode="json", exclude={"output", *RUN_CONTROL})
+    fields = trajectory(config.model_dump(mode="json", exclude={"output"}))
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -333,8 +338,7 @@ class Recipe:
 
     def _resume(self, found: ckpt.Checkpoint) -> None:
         step = found.state.step
-        saved = {k: v for k, v in found.state.config.items() if k not in RUN_CONTROL}
-        ours = {k: v for k, v in self.config.model_dump(mode="json").items() if k not in RUN_CONTROL}
+        saved, ours = trajectory(found.state.config), trajectory(self.config.model_dump(mode="json"))
         if saved != ours:
             changed = sorted(k for k in ours if saved.get(k) != ours[k])
             raise TrainConfigError(f"{found.url}: this run's config differs from the checkpoint's in {changed}; "
