@@ -160,9 +160,23 @@ class DecoderOnlyFamily:
         answer = answer.repeat_interleave(n_docs, dim=0)[:, :-1]  # [b * n_docs, T - 1]: the last token predicts none
         ids = torch.cat([input_ids, answer], dim=1)  # [b * n_docs, L + T - 1]
         mask = torch.cat([mask, torch.ones_like(answer)], dim=1)  # [b * n_docs, L + T - 1]
+        if self.row_by_row(ids, mask):
+            # each row without its left padding; its position L - 1 + t still predicts answer token t
+            return torch.cat([model(input_ids=row[keep.bool()][None], logits_to_keep=length, use_cache=False).logits
+                              for row, keep in zip(ids, mask, strict=True)])  # [b * n_docs, T, V]
         # position L - 1 + t (the prompt's last token for t = 0) predicts answer token t
         return model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), logits_to_keep=length,
                      use_cache=False).logits  # [b * n_docs, T, V]
+
+    # "auto": rows one by one on a CPU, where a padding token costs as much as a real one and a ~200-token row
+    # still makes GEMMs big enough (prompts of sampled passages differ in length: ~10% of a batch of 4 is
+    # padding); one padded batch on accelerators, which need the width. "batched" / "rows" force one way.
+    unpadding: Literal["auto", "batched", "rows"] = "auto"
+
+    def row_by_row(self, ids: Tensor, mask: Tensor) -> bool:
+        if self.unpadding == "auto":
+            return ids.device.type == "cpu" and ids.shape[0] > 1 and not bool(mask.all())
+        return self.unpadding == "rows"
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:

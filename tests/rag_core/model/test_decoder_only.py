@@ -62,6 +62,28 @@ def test_one_document_loss_is_the_llamas_own_labels_loss(indexes: SimpleNamespac
         torch.testing.assert_close(ours[i], own.loss * len(answer), rtol=1e-5, atol=1e-4)
 
 
+def test_rows_one_by_one_give_the_padded_batchs_losses_and_gradients(indexes: SimpleNamespace,  # noqa: F811
+                                                                     llama_dir: Path) -> None:
+    """The CPU default runs each prompt without its left padding; it must compute what the padded batch does."""
+    model = llama_model(indexes, llama_dir, n_docs=2)
+    batch = model.retrieve(QUESTIONS)
+    assert (batch.context_attention_mask == 0).any()  # prompts of different lengths: there is padding to skip
+    assert model.family.row_by_row(batch.context_input_ids, batch.context_attention_mask)  # the default on a CPU
+    results = {}
+    for way in ("batched", "rows"):
+        model.family.unpadding = way
+        model.zero_grad()
+        loss = model(model.retrieve(QUESTIONS), ANSWERS)  # [3]; retrieved again: its doc scores' graph is spent
+        loss.sum().backward()
+        results[way] = loss.detach(), {n: p.grad.clone() for n, p in model.generator.named_parameters()}
+    model.family.unpadding = "auto"
+    (batched, batched_grads), (rows, rows_grads) = results["batched"], results["rows"]
+    torch.testing.assert_close(rows, batched, rtol=1e-5, atol=1e-5)
+    assert batched_grads.keys() == rows_grads.keys()
+    for name, grad in batched_grads.items():
+        torch.testing.assert_close(rows_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("beams", [1, 3])
 def test_one_document_decoding_equals_generate(indexes: SimpleNamespace, llama_dir: Path, beams: int) -> None:  # noqa: F811
     model = llama_model(indexes, llama_dir, n_docs=1)
