@@ -38,7 +38,8 @@ class ShortRun(BaseModel):
     batch_size: int = Field(4, ge=1, description="global batch (all processes)")
     lr: float = Field(2e-4, gt=0, description="a short run needs a larger rate than the paper's 3e-5")
     n_docs: int = Field(2, ge=1, description="passages per question")
-    max_context_length: int = Field(160, ge=8, description="generator input tokens per passage")
+    max_context_length: int = Field(160, ge=8, description="generator input tokens per passage (seq2seq; "
+                                                              "a decoder-only prompt holds the whole passage)")
     # Half of SmolLM2-135M's 30 blocks: on the sample, dev loss 19.5 -> 11.1 in 24 steps (all blocks: 10.4, the
     # last 10: 13.4) at about 2/3 of the step time (bench/train_layers_bench.py)
     train_layers: int | None = Field(15, ge=1, description="generator decoder blocks trained (the last ones); "

@@ -120,7 +120,8 @@ class RagConfig(BaseModel):
 
     kind: Literal["sequence", "token"] = Field("sequence", description="RAG-Sequence or RAG-Token marginalisation")
     n_docs: int = Field(5, ge=1, description="documents retrieved per question (the paper: 5 or 10)")
-    max_context_length: int = Field(300, ge=8, description="generator input tokens per (passage, question)")
+    max_context_length: int = Field(300, ge=8, description="seq2seq generator input tokens per "
+                                                              "(passage, question); a decoder-only prompt holds all")
     max_answer_length: int = Field(64, ge=2, description="target tokens per answer (longer ones are truncated)")
     title_sep: str = Field(" / ", description="between a passage's title and its text")
     doc_sep: str = Field(" // ", description="between a passage and the question")
