@@ -28,50 +28,76 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, steps: int) -> None:
+    """--steps, --repeats, --markdown, --avx2: how a side-by-side bench of recipe runs repeats and reports."""
+    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps per run; the first warms up")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--markdown", type=Path, help="write the section to this file")
+    parser.add_argument("--avx2", action="store_true", help="emulate an AVX2-only CPU (bench/report.py)")
+
+
+def start_one_thread() -> RunInfo:
+    """One torch thread, as each torchrun rank has, quiet libraries, and the run's hardware and load at its start."""
+    import torch
+
+    from flows.settings import quiet_environment
+
+    torch.set_num_threads(1)
+    info = RunInfo.start()
+    quiet_environment()
+    return info
+
+
+def main_job_inputs(root: Path, args):
+    """The store, cloze task, generator description and the main job's fine-tune as one process's TrainConfig
+    (``args.steps`` steps, 1 thread, no checkpoints); ``args``: :func:`add_input_arguments`' flags and ``steps``."""
+    from flows.pipeline import ShortRun
+    from rag_core.index.encoders import default_encoder_config
+    from rag_core.train.recipe import TrainConfig
+
+    short = ShortRun()
+    store, _, task, generator, described = build_inputs(root, args, default_encoder_config())
+    base = TrainConfig(task="cloze", train=str(root / "train.jsonl"), generator=generator, n_docs=short.n_docs,
+                       max_context_length=short.max_context_length, lr=short.lr,
+                       batch_size=short.batch_size // 2,  # per process: the main job runs 2 DDP processes
+                       train_generator_layers=short.train_layers, max_steps=args.steps, checkpoint_every=0,
+                       threads=1, output="runs/bench")
+    return store, task, described, base
+
+
+def recipe_rate(config, store, label: str) -> tuple[float, int, str]:
+    """The recipe's median examples/s over its steps after the first, its trainable parameters and precision."""
+    from rag_core.train.recipe import run
+    from rag_core.train.tracking import MemoryLogger
+
+    logger = MemoryLogger()
+    result = run(config, store, logger=logger)
+    print(f"# {label} {result.examples_per_s:.3f} examples/s, precision {result.precision}", file=sys.stderr)
+    return result.examples_per_s, logger.params["trainable_parameters"], result.precision
+
+
 def main() -> int:
     emulate_avx2_if_asked()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_input_arguments(parser)
     parser.add_argument("--layers", type=int, help="decoder blocks trained in the partial runs (default: the "
                         "main job's, flows/pipeline.py ShortRun.train_layers)")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run; the first warms up")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--markdown", type=Path, help="write the section to this file")
-    parser.add_argument("--avx2", action="store_true", help="emulate an AVX2-only CPU (bench/report.py)")
+    add_run_arguments(parser, steps=3)
     args = parser.parse_args()
-
-    import torch
-
-    torch.set_num_threads(1)
-    info = RunInfo.start()
+    info = start_one_thread()
     from flows.pipeline import ShortRun
-    from flows.settings import quiet_environment
-    from rag_core.index.encoders import default_encoder_config
-    from rag_core.train.recipe import TrainConfig, run
-    from rag_core.train.tracking import MemoryLogger
 
-    quiet_environment()
     short = ShortRun()
     args.layers = args.layers or short.train_layers
-    per_process = short.batch_size // 2  # the main job's 2 DDP processes
     rates: dict[str, list[float]] = {"all": [], "last": []}
     trainable: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="wikirag-layers-bench-") as tmp:
-        root = Path(tmp)
-        store, _, task, generator, described = build_inputs(root, args, default_encoder_config())
-        base = TrainConfig(task="cloze", train=str(root / "train.jsonl"), generator=generator, n_docs=short.n_docs,
-                           max_context_length=short.max_context_length, lr=short.lr, batch_size=per_process,
-                           max_steps=args.steps, checkpoint_every=0, threads=1, output="runs/bench")
+        store, task, described, base = main_job_inputs(Path(tmp), args)
         for repeat in range(args.repeats):
             for name, layers in (("all", None), ("last", args.layers)):
-                logger = MemoryLogger()
                 config = base.model_copy(update={"train_generator_layers": layers, "output": f"runs/{name}-{repeat}"})
-                result = run(config, store, logger=logger)
-                rates[name].append(result.examples_per_s)
-                trainable[name] = logger.params["trainable_parameters"]
-                print(f"# repeat {repeat + 1}: {name} {result.examples_per_s:.3f} examples/s, precision "
-                      f"{result.precision}", file=sys.stderr)
-        precision = result.precision
+                rate, trainable[name], precision = recipe_rate(config, store, f"repeat {repeat + 1}: {name}")
+                rates[name].append(rate)
         info.finish()
 
     ratio = [last / every for every, last in zip(rates["all"], rates["last"])]
@@ -81,7 +107,7 @@ def main() -> int:
              (f"Generator: {described}; question encoder: the index's all-MiniLM-L6-v2 (trained in both). Index: "
               f"Flat, {args.passages} sample passages; cloze task: {len(task.train)} train examples. The main job's "
               f"fine-tune settings: RAG-Sequence, n_docs={short.n_docs}, {short.max_context_length} context tokens "
-              f"per passage, {per_process} examples per step (one of its 2 processes), lr {short.lr}; "
+              f"per passage, {base.batch_size} examples per step (one of its 2 processes), lr {short.lr}; "
               f"{args.steps} steps per run (figure: the recipe's median over steps 2..{args.steps}), autocast "
               f"{precision}, 1 torch thread, in process; {args.repeats} repeats, interleaved."), "",
              "| generator trained | trainable parameters | training examples/s (min / median / max) |",
