@@ -93,3 +93,21 @@ def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) ->
             parse(["run", "--train-layers", bad])
         assert f"'{bad}': give a number of decoder blocks >= 1, or all" in capsys.readouterr().err
     assert f"(default {ShortRun().train_layers} of SmolLM2's 30" in help_text(capsys, "run")
+
+
+@pytest.mark.parametrize(("command", "teardown"), [(["search", "q", "-k", "0"], False),
+                                                   (["ingest", "missing.xml"], True)])
+def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_error(
+        command: list[str], teardown: bool, tmp_path: Path) -> None:
+    """A read-only command's error ends the process at once (a native thread could abort the teardown after the
+    error line, exit 134); any other command's error still runs the teardown (atexit: Prefect's log flush)."""
+    import subprocess
+    import sys
+
+    program = ("import atexit, sys; from flows.cli import entry; atexit.register(lambda: print('teardown ran')); "
+               f"entry({[*command, '--store', str(tmp_path / 'store')]!r})")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, "WIKIRAG_HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("wikirag: error: ")
+    assert ("teardown ran" in proc.stdout) is teardown
