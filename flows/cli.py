@@ -454,8 +454,8 @@ def entry(argv: Sequence[str] | None = None) -> None:
     """The ``wikirag`` program: :func:`main` (which tests call in process), then the exit."""
     argv = sys.argv[1:] if argv is None else list(argv)
     code = main(argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if code == 2 and command in READ_ONLY_COMMANDS:
+    # the parser's own reading (a global option's value, as in `--home DIR search`, is no command)
+    if code == 2 and build_parser().parse_args(argv).command in READ_ONLY_COMMANDS:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -95,7 +95,7 @@ def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) ->
     assert f"(default {ShortRun().train_layers} of SmolLM2's 30" in help_text(capsys, "run")
 
 
-@pytest.mark.parametrize(("command", "teardown"), [(["search", "q", "-k", "0"], False),
+@pytest.mark.parametrize(("command", "teardown"), [(["--home", "h", "search", "q", "-k", "0"], False),
                                                    (["ingest", "missing.xml"], True)])
 def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_error(
         command: list[str], teardown: bool, tmp_path: Path) -> None:
