@@ -1,10 +1,20 @@
-"""The local Dask cluster a command starts: loopback only, and a close that cannot keep a stopping command waiting.
+"""The local Dask cluster a command starts: loopback only, glibc's own malloc tuning, and a bounded close.
 
 ``distributed``'s ``Cluster.close()`` waits without a limit by default. A
 command stopped with SIGTERM after its workers had frozen or died was seen
 hanging there for minutes (``DaskTaskRunner.__exit__`` -> ``SpecCluster.close``
 -> ``sync``). Here the close is bounded; worker processes still there when it
 gives up are killed, so nothing outlives the command.
+
+Dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (so that
+freed memory goes back to the OS). Setting any glibc malloc threshold also
+freezes the mmap threshold at 128 KiB, so every activation tensor of an encoder
+batch is a fresh ``mmap`` whose pages fault in again, batch after batch:
+passage encoding in a worker ran ~20% slower than in a plain process
+(bench/worker_malloc_bench.py). wikirag's workers keep glibc's adaptive
+thresholds instead: :data:`NANNY_ENVIRONMENT` for workers started by
+``dask worker`` (services, infra/), :func:`keep_glibc_malloc` for the local
+cluster.
 """
 
 from __future__ import annotations
@@ -15,10 +25,19 @@ import os
 import signal
 from typing import Any
 
+import dask
 from distributed import LocalCluster
 
 log = logging.getLogger("wikirag")
 CLOSE_TIMEOUT_S = 15.0
+# Dask reads this at import; a value of None removes the variable from what the nanny sets (its other defaults,
+# one OpenMP/MKL/OpenBLAS thread, stay).
+NANNY_ENVIRONMENT = {"DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}"}
+
+
+def keep_glibc_malloc() -> None:
+    """Workers this process's nannies start from now on run without Dask's MALLOC_TRIM_THRESHOLD_ (module docstring)."""
+    dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
 
 
 class BoundedLocalCluster(LocalCluster):
@@ -26,6 +45,7 @@ class BoundedLocalCluster(LocalCluster):
 
     def __init__(self, *args: Any, close_timeout: float = CLOSE_TIMEOUT_S, **kwargs: Any) -> None:
         self.close_timeout = close_timeout
+        keep_glibc_malloc()
         super().__init__(*args, **kwargs)
 
     def worker_pids(self) -> list[int]:

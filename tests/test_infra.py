@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from flows.local_cluster import NANNY_ENVIRONMENT
 from flows.services import ServicePorts
 from flows.settings import QUIET_ENVIRONMENT
 
@@ -139,6 +140,13 @@ def test_dockerfile_pins_torch_and_switches_telemetry_off() -> None:
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     base = re.search(r"FROM python:(\d+\.\d+)", dockerfile)
     assert base and requires == f">={base.group(1)}", (requires, base)
+
+
+def test_dask_workers_started_by_hand_or_in_the_image_keep_glibcs_malloc() -> None:
+    # The same value as the local cluster's and the services' workers (flows/local_cluster.py)
+    for var, value in NANNY_ENVIRONMENT.items():
+        assert f'{var}="{value}"' in (INFRA / "Dockerfile").read_text(), f"infra/Dockerfile: set {var}"
+        assert f'export {var}="{value}"' in (INFRA / "env.sh").read_text(), f"infra/env.sh: export {var}"
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in INFRA.glob("*.sh")))

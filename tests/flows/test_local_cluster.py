@@ -24,3 +24,21 @@ def test_close_gives_up_on_frozen_workers_and_kills_them() -> None:
     time.sleep(0.5)
     assert took < 3, took  # the nanny alone kills a frozen worker after 4 s; distributed's close waits without limit
     assert _still_running(seen) == []
+
+
+
+def _worker_environment() -> tuple[int, str | None, str | None]:
+    import os  # the worker's: this function travels by value (cloudpickle), its imports run there
+
+    return os.getpid(), os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("OMP_NUM_THREADS")
+
+
+def test_workers_keep_glibcs_adaptive_malloc_and_dasks_other_defaults() -> None:
+    from distributed import Client
+
+    with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                             dashboard_address=None) as cluster, Client(cluster) as client:
+        ((pid, trim, omp),) = client.run(_worker_environment).values()
+        assert pid in cluster.worker_pids() and pid != os.getpid()
+    # Dask's own default (65536) pins glibc's mmap threshold: every encoder batch re-faults its buffers
+    assert (trim, omp) == (None, "1")

@@ -92,6 +92,12 @@ def test_services_run_the_deployments_on_real_engines(wiki: Path, tmp_path: Path
                               "--param", f"config={json.dumps(params)}", "--watch", "--watch-timeout", "400"],
                              env=client_env, cwd=ROOT, capture_output=True, text=True, timeout=450)
         assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:]
+        from distributed import Client
+
+        with Client(exports["WIKIRAG_DASK_ADDRESS"], timeout=30) as client:  # the workers the ingest ran on
+            # a lambda travels by value, so os.environ is the worker's own (a bound os.environ.get would carry ours)
+            trims = client.run(lambda: __import__("os").environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert len(trims) == int(env["WIKIRAG_DASK_WORKERS"]) and set(trims.values()) == {None}, trims
 
         import s3fs
 
