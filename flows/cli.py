@@ -210,21 +210,26 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
     _log_hardware()
     persistent = os.environ.get("PREFECT_API_URL") or workspace_server(settings.prefect_home)
-    dump = args.dump or fetch_sample(settings.home / "data")
-    generator = resolve_generator(settings.home, args.generator) if args.generator else \
-        fetch_default_generator(settings.home)
+    inputs: dict[str, str] = {}
+
+    def fetch_inputs() -> None:  # while a Prefect server started for this run boots
+        inputs["dump"] = str(args.dump or fetch_sample(settings.home / "data"))
+        inputs["generator"] = str(resolve_generator(settings.home, args.generator) if args.generator else
+                                  fetch_default_generator(settings.home))
+
     where = {"store": settings.store_url,
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
              **({"Prefect UI": persistent.removesuffix("/api")} if persistent else
                 {"Prefect UI (a server kept for the next runs)": "wikirag server start"}),
              "ask the model": 'wikirag ask --model models:/wikirag-cloze@champion "your question"'}
-    with prefect_api(settings.prefect_home):
+    with prefect_api(settings.prefect_home, meanwhile=fetch_inputs):
         from flows.pipeline import ShortRun, pipeline
 
         if not log.isEnabledFor(logging.DEBUG):
             quiet_expected_tracebacks()
-        summary = pipeline(dump=str(dump), store=settings.store_access(), tracking_uri=settings.tracking_uri,
-                           generator=str(generator), report_dir=str(settings.home / "reports"),
+        summary = pipeline(dump=inputs["dump"], store=settings.store_access(),
+                           tracking_uri=settings.tracking_uri, generator=inputs["generator"],
+                           report_dir=str(settings.home / "reports"),
                            run=ShortRun(**short_run_fields(args)), nproc=args.nproc,
                            dask_address=settings.dask_address, workers=settings.workers, where=where)
     print(summary.markdown)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flows.process_groups import die_with_parent, stop_process_group
@@ -54,9 +54,8 @@ def _flush_to_api() -> None:
         EventsWorker.drain_all(timeout=5)
 
 
-def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
-            persistent: bool = False) -> tuple[subprocess.Popen, str]:
-    """Start `prefect server start` on loopback in its own session; wait until it answers."""
+def _spawn(prefect_home: Path, port: int, ui: bool, persistent: bool = False) -> tuple[subprocess.Popen, str, Path]:
+    """Start `prefect server start` on loopback in its own session; returns at once (process, API URL, its log)."""
     prefect_home.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -68,14 +67,29 @@ def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
             env=env, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=None if persistent else die_with_parent,
         )
+    return proc, url, log_path
+
+
+def _wait_until_healthy(proc: subprocess.Popen, url: str, log_path: Path, startup_timeout: float) -> None:
     deadline = time.monotonic() + startup_timeout
     while not _healthy(url):
         if proc.poll() is not None:
             raise WikiragError(f"the local Prefect server exited (code {proc.returncode}); see {log_path}")
         if time.monotonic() > deadline:
-            stop_process_group(proc.pid)
-            raise WikiragError(f"the local Prefect server did not answer within {startup_timeout:.0f} s; see {log_path}")
+            raise WikiragError(f"the local Prefect server did not answer within {startup_timeout:.0f} s; "
+                               f"see {log_path}")
         time.sleep(0.3)
+
+
+def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
+            persistent: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start `prefect server start` on loopback in its own session; wait until it answers."""
+    proc, url, log_path = _spawn(prefect_home, port, ui, persistent)
+    try:
+        _wait_until_healthy(proc, url, log_path, startup_timeout)
+    except BaseException:
+        stop_process_group(proc.pid)
+        raise
     return proc, url
 
 
@@ -116,21 +130,35 @@ def stop_workspace_server(prefect_home: Path) -> bool:
 
 
 @contextlib.contextmanager
-def prefect_api(prefect_home: Path, startup_timeout: float = 90.0) -> Iterator[str]:
-    """Yield an API URL: the configured one, the workspace's server, or one started for this command."""
+def prefect_api(prefect_home: Path, startup_timeout: float = 90.0,
+                meanwhile: Callable[[], None] | None = None) -> Iterator[str]:
+    """Yield an API URL: the configured one, the workspace's server, or one started for this command.
+
+    ``meanwhile`` runs once before the yield, while a server started here boots in its own process (a fresh
+    one takes 10-25 s on 2 cores), so that work which needs no API overlaps the wait.
+    """
     configured = os.environ.get("PREFECT_API_URL") or workspace_server(prefect_home)
     if configured:
         os.environ["PREFECT_API_URL"] = configured
+        if meanwhile is not None:
+            meanwhile()
         yield configured
         return
-    proc, url = _launch(prefect_home, _free_port(), ui=False, startup_timeout=startup_timeout)
+    proc, url, log_path = _spawn(prefect_home, _free_port(), ui=False)
+    # Set before ``meanwhile`` runs: whatever imports Prefect there reads its settings from this environment.
+    os.environ["PREFECT_API_URL"] = url
+    os.environ["PREFECT_HOME"] = str(prefect_home)
+    answered = False
     try:
+        if meanwhile is not None:
+            meanwhile()
+        _wait_until_healthy(proc, url, log_path, startup_timeout)
+        answered = True
         log.info("local Prefect server at %s (PREFECT_HOME=%s)", url, prefect_home)
-        os.environ["PREFECT_API_URL"] = url
-        os.environ["PREFECT_HOME"] = str(prefect_home)
         yield url
     finally:
-        _flush_to_api()
+        if answered:
+            _flush_to_api()
         if os.environ.get("PREFECT_API_URL") == url:
             del os.environ["PREFECT_API_URL"]
         stop_process_group(proc.pid)  # only what we started: the server's own process group
