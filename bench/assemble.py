@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TARGET = ROOT / "docs" / "benchmarks.md"
 ORDER = ["ingest", "embedding", "embedding-avx2-amd", "index", "load", "decoding", "answers", "answer_speed", "train",
-         "train-avx2", "train-layers-avx2", "unpadding", "unpadding-avx2", "cores", "rebuild-avx2"]
+         "train-avx2", "train-layers-avx2", "unpadding", "unpadding-avx2", "cores", "worker-malloc-avx2",
+         "rebuild-avx2"]
 TITLES = {"ingest": "Ingest", "embedding": "Embedding", "embedding-avx2-amd": "Embedding on an AMD EPYC held to AVX2",
           "index": "Index", "load": "Search under load", "decoding": "Decoding", "answers": "Answer quality",
           "answer_speed": "Answer speed", "train": "Fine-tuning",
@@ -25,6 +26,7 @@ TITLES = {"ingest": "Ingest", "embedding": "Embedding", "embedding-avx2-amd": "E
           "train-layers-avx2": "Fine-tuning only the last decoder blocks (AVX2, float32)",
           "unpadding": "Fine-tuning on unpadded prompts",
           "unpadding-avx2": "Fine-tuning on unpadded prompts (AVX2, float32)", "cores": "Cores",
+          "worker-malloc-avx2": "Encoding in Dask workers: glibc's malloc thresholds (AVX2, float32)",
           "rebuild-avx2": "Whole index rebuild on an AVX2-only CPU"}
 HEADER = """# Benchmarks
 
