@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Mapping
 from typing import Any
 
 import dask
@@ -35,9 +36,24 @@ CLOSE_TIMEOUT_S = 15.0
 NANNY_ENVIRONMENT = {"DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}"}
 
 
+DASK_TRIM_DEFAULT = "65536"  # what Dask's nanny sets
+
+
+def without_dask_trim(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less a MALLOC_TRIM_THRESHOLD_ of Dask's own value (a user's other value stays).
+
+    A nanny exports its pre-spawn variables into its own process's environment and leaves them there, and the
+    configured None above cannot remove a variable the environment already has: after any plain Dask cluster
+    in a process, every later worker or child of it would inherit Dask's value.
+    """
+    return {k: v for k, v in environ.items() if not (k == "MALLOC_TRIM_THRESHOLD_" and v == DASK_TRIM_DEFAULT)}
+
+
 def keep_glibc_malloc() -> None:
     """Workers this process's nannies start from now on run without Dask's MALLOC_TRIM_THRESHOLD_ (module docstring)."""
     dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") == DASK_TRIM_DEFAULT:
+        del os.environ["MALLOC_TRIM_THRESHOLD_"]  # left by an earlier nanny of this process (without_dask_trim)
 
 
 class BoundedLocalCluster(LocalCluster):

@@ -178,7 +178,7 @@ def exports(ports: ServicePorts, home: Path) -> dict[str, str]:
 
 def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Path) -> list[Service]:
     """The services of one workspace, in start order."""
-    from flows.local_cluster import NANNY_ENVIRONMENT
+    from flows.local_cluster import NANNY_ENVIRONMENT, without_dask_trim
     from flows.settings import QUIET_ENVIRONMENT
 
     root = home / "services"
@@ -222,7 +222,8 @@ def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Pat
         Service("dask-workers", [str(bindir / "dask"), "worker", dask, "--host", "127.0.0.1",
                                  "--nworkers", str(ports.dask_workers), "--nthreads", "1",
                                  "--dashboard-address", "127.0.0.1:0"],
-                {**base, **shared, **NANNY_ENVIRONMENT, "PREFECT_HOME": str(home / "prefect")}, dask, [],
+                {**without_dask_trim(base), **shared, **NANNY_ENVIRONMENT, "PREFECT_HOME": str(home / "prefect")},
+                dask, [],
                 lambda: _dask_workers_up(dask, ports.dask_workers), needs="dask"),
     ]
 

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from flows.local_cluster import BoundedLocalCluster
+from flows.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster, without_dask_trim
 from tests.flows.test_stopping import _descendants, _still_running
 
 
@@ -33,8 +33,11 @@ def _worker_environment() -> tuple[int, str | None, str | None]:
     return os.getpid(), os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("OMP_NUM_THREADS")
 
 
-def test_workers_keep_glibcs_adaptive_malloc_and_dasks_other_defaults() -> None:
+def test_workers_keep_glibcs_adaptive_malloc_and_dasks_other_defaults(monkeypatch) -> None:
     from distributed import Client
+
+    # As an earlier plain Dask cluster of this process leaves it (its nanny exports its variables and keeps them)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", DASK_TRIM_DEFAULT)
 
     with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                              dashboard_address=None) as cluster, Client(cluster) as client:
@@ -42,3 +45,7 @@ def test_workers_keep_glibcs_adaptive_malloc_and_dasks_other_defaults() -> None:
         assert pid in cluster.worker_pids() and pid != os.getpid()
     # Dask's own default (65536) pins glibc's mmap threshold: every encoder batch re-faults its buffers
     assert (trim, omp) == (None, "1")
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ  # nor what this process starts later (the training job)
+    # a value the user chose is theirs
+    assert without_dask_trim({"MALLOC_TRIM_THRESHOLD_": "131072", "A": "1"}) == {"MALLOC_TRIM_THRESHOLD_": "131072",
+                                                                              "A": "1"}
