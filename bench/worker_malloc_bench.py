@@ -29,7 +29,6 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 from report import RunInfo, emulate_avx2_if_asked, publish, spread  # noqa: E402
 
 TRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
-DASK_DEFAULT = 65536  # distributed's distributed.yaml
 WARMUP = 32
 
 
@@ -63,21 +62,16 @@ def worker_trim_threshold() -> str | None:
 
 def cluster_rate(kind: str, titles: list[str], texts: list[str]) -> tuple[float, str | None, str]:
     """(both workers' passages/s together, the workers' MALLOC_TRIM_THRESHOLD_, dtype) for one cluster."""
-    import os
-
     import dask
     from distributed import Client, Event, LocalCluster, Queue
 
-    from flows.local_cluster import BoundedLocalCluster
+    from flows.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster
 
     options = dict(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
     if kind == "default":
-        with dask.config.set({TRIM: DASK_DEFAULT}):  # Dask's own value, whatever an earlier cluster set
+        with dask.config.set({TRIM: int(DASK_TRIM_DEFAULT)}):  # Dask's own value, whatever an earlier cluster set
             cluster = LocalCluster(**options)
-        # The nanny exports its variables into this process's environment for the spawn and leaves them there,
-        # where every later worker (and child process) would inherit them.
-        os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
-    else:
+    else:  # it also clears the value the default cluster's nanny left in this process's environment
         cluster = BoundedLocalCluster(**options)
     with cluster, Client(cluster) as client:
         trims = set(client.run(worker_trim_threshold).values())

@@ -14,7 +14,8 @@ passage encoding in a worker ran ~20% slower than in a plain process
 (bench/worker_malloc_bench.py). wikirag's workers keep glibc's adaptive
 thresholds instead: :data:`NANNY_ENVIRONMENT` for workers started by
 ``dask worker`` (services, infra/), :func:`keep_glibc_malloc` for the local
-cluster.
+cluster, and :func:`without_dask_trim` for the environments a process hands on
+after a nanny of its own left Dask's value there.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ CLOSE_TIMEOUT_S = 15.0
 # Dask reads this at import; a value of None removes the variable from what the nanny sets (its other defaults,
 # one OpenMP/MKL/OpenBLAS thread, stay).
 NANNY_ENVIRONMENT = {"DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}"}
-
-
 DASK_TRIM_DEFAULT = "65536"  # what Dask's nanny sets
 
 
