@@ -132,6 +132,23 @@ def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
     assert all(h.title == by_id[h.passage_id] for q in hits for h in q)
 
 
+def test_the_command_loads_its_encoder_before_the_flow_and_the_plan_uses_that_one(
+        articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture) -> None:
+    from flows.cli import main
+    from rag_core.index.build import load_encoder
+
+    dump, index = write_dump(tmp_path, _pages(articles[:4]))
+    load_encoder.cache_clear()
+    assert main(["index-rebuild", str(dump), "--index", str(index), "--shards", "1", "--encoder", str(tiny),
+                 "--dask-address", cluster]) == 0
+    version = capsys.readouterr().out.strip().splitlines()[-1]
+    assert latest_version(Store(str(home / "store"))) == version
+    # One load, before the flow (while a server of the command's own would boot); the plan found it loaded.
+    info = load_encoder.cache_info()
+    assert (info.misses, info.hits) == (1, 1), info
+
+
 def test_incremental_rebuild_reuses_unchanged_passages_while_readers_keep_working(
         articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
     store_url = str(home / "store")
