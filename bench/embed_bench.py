@@ -72,6 +72,8 @@ class Row:
     encode: Callable[[list[str], list[str]], object]  # (titles, texts) -> float32 [n, dim]
     subset: bool = False  # timed on the first --slow-passages only
     warmup: int = WARMUP  # passages of the untimed first call (ONNX Runtime: enough to export the model)
+    setup_s: float = 0.0  # building the engine beyond loading the model: compile, export, quantize
+    warm_s: float = 0.0  # the untimed first call (a lazy compile or export happens there)
     walls: list[float] = field(default_factory=list)
     cpus: list[float] = field(default_factory=list)
     vectors: object = None
@@ -156,6 +158,66 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
     return rows
 
 
+def alternative_rows(max_length: int, batch: int | None) -> list[Row]:
+    """``--alternatives``: float32 ways to run the same encoder that an AVX2-only CPU might gain from.
+
+    Each is wikirag's Encoder (same tokenizing, sorting and pooling) with its passage tower swapped: HF's eager
+    attention instead of SDPA; ``torch.compile`` (inductor, weights frozen); int8 dynamic quantization of every
+    Linear (``torch.ao.quantization.quantize_dynamic``); ONNX Runtime after onnxruntime's BERT fusions
+    (``onnxruntime.transformers.optimizer``: fused attention, skip layer norm, bias GELU).
+    """
+    import dataclasses
+
+    import torch
+    from transformers import AutoModel
+
+    from rag_core.index import onnx_engine
+    from rag_core.index.encoders import Encoder, EncoderConfig
+
+    config = EncoderConfig(dtype="float32", max_length=max_length, **({"batch_size": batch} if batch else {}))
+
+    def swapped(make: Callable[[Encoder], Callable]) -> tuple[Callable, float]:
+        enc = Encoder.load(config)
+        t0 = time.perf_counter()
+        enc.context = dataclasses.replace(enc.context, model=make(enc))
+        return enc.encode_passages, time.perf_counter() - t0
+
+    def eager(enc: Encoder):
+        return AutoModel.from_pretrained(str(enc.context.path), dtype=torch.float32,
+                                         attn_implementation="eager").eval()
+
+    def compiled(enc: Encoder):
+        import torch._inductor.config as inductor
+
+        inductor.freezing = True  # constant weights: inductor may prepack them for its GEMMs
+        return torch.compile(enc.context.model, dynamic=True)
+
+    def int8(enc: Encoder):
+        return torch.ao.quantization.quantize_dynamic(enc.context.model, {torch.nn.Linear}, dtype=torch.qint8)
+
+    makers = [("torch, eager attention", eager), ("torch.compile (inductor, frozen)", compiled),
+              ("torch, int8 dynamic Linear", int8)]
+    if onnx_engine.available():
+        def fused(enc: Encoder):
+            import onnx
+            from onnxruntime.transformers import optimizer
+
+            cfg = enc.context.model.config
+            proto = onnx.load_from_string(onnx_engine.export_onnx(enc.context.path, enc.context.model_cls,
+                                                                  enc.context.output))
+            model = optimizer.optimize_model(proto, model_type="bert", num_heads=cfg.num_attention_heads,
+                                             hidden_size=cfg.hidden_size, opt_level=0)
+            return onnx_engine.open_session(model.model.SerializeToString(), enc.context.output,
+                                            torch.get_num_threads())
+        makers.append(("ONNX Runtime + BERT fusions", fused))
+    rows = []
+    for label, make in makers:
+        encode, setup = swapped(make)
+        rows.append(Row(f"alternative: {label}", "int8 / float32" if make is int8 else "float32", config.batch_size,
+                        encode, setup_s=setup))
+    return rows
+
+
 def time_rows(rows: list[Row], titles: list[str], texts: list[str], slow: int, repeats: int) -> dict[bool, Row]:
     """Rounds of every row (rotating order); returns the reference row per passage set (full, subset)."""
     ref = rows[0]
@@ -164,7 +226,9 @@ def time_rows(rows: list[Row], titles: list[str], texts: list[str], slow: int, r
         refs[True] = Row(ref.label, ref.dtype, ref.batch, ref.encode, subset=True)
     timed = [*rows, *([refs[True]] if True in refs else [])]
     for row in timed:
+        t0 = time.perf_counter()
         row.encode(titles[:row.warmup], texts[:row.warmup])
+        row.warm_s = time.perf_counter() - t0
     for rnd in range(repeats):
         for row in timed[rnd % len(timed):] + timed[:rnd % len(timed)]:
             t, x = (titles[:slow], texts[:slow]) if row.subset else (titles, texts)
@@ -205,7 +269,7 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         ratios = [(m / w) / (m / rw) for w, rw in zip(row.walls, ref.walls)]
         cos = cosines(row.vectors, ref.vectors)
         gflops = float(flops[:m].sum()) / float(np.median(row.walls)) / 1e9
-        share = gflops * 1e9 / rates[row.dtype]
+        share = gflops * 1e9 / rates.get(row.dtype, rates["float32"])  # int8 rows: against float32's
         cores = sum(row.cpus) / sum(row.walls)
         table.append(f"| {row.label} | {row.dtype} | {row.batch} | {m:,} | {spread(per_round, '{:.1f}')} "
                      f"| {spread(ratios, '{:.2f}')}x | {cos.min():.5f} / {cos.mean():.6f} | {gflops:.1f} "
@@ -230,6 +294,11 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         "",
         *table,
         "",
+        *([f"Alternatives (`--alternatives`, float32, never picked by `auto`): set-up beyond loading the model, "
+           f"and the untimed first call on {WARMUP} passages, where a lazy compile happens.", "",
+           "| row | set-up s | first call s |", "|---|---:|---:|",
+           *[f"| {r.label} | {r.setup_s:.1f} | {r.warm_s:.1f} |" for r in rows if r.label.startswith("alternative")],
+           ""] if args.alternatives else []),
         "| dtype | encoder-shaped matmul, GFLOP/s |", "|---|---:|",
         *[f"| {k} | {v / 1e9:,.1f} |" for k, v in rates.items()],
         "",
@@ -257,6 +326,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="wikirag's batch size (default: EncoderConfig's)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per passage, both sides (default 256)")
     p.add_argument("--sample", type=Path, default=SAMPLE, help="the real Wikipedia sample (.xml.bz2)")
+    p.add_argument("--alternatives", action="store_true", help="also time float32 alternatives: eager attention, "
+                   "torch.compile, int8 dynamic Linear, ONNX Runtime with BERT fusions")
     p.add_argument("--avx2", action="store_true", help="run as on an AVX2-only CPU (re-runs itself)")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
@@ -281,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     flops, lengths = encoder_flops([f"{a}. {b}" for a, b in zip(titles, texts)], args.max_length)
     log(f"{len(titles):,} passages; auto picks {precision.dtype} ({precision.reason}); loading and warming up ...")
     rows = build_rows(args.max_length, args.batch_size, precision.dtype)
+    if args.alternatives:
+        rows += alternative_rows(args.max_length, args.batch_size)
     refs = time_rows(rows, titles, texts, args.slow_passages, args.repeats)
     rates = {"float32": matmul_rate(torch.float32), "bfloat16": matmul_rate(torch.bfloat16)}
     info.finish()

@@ -58,7 +58,11 @@ class OnnxTower:
 
 def export_tower(path: Path, model_cls: Any, output: str, threads: int) -> OnnxTower:
     """Export the float32 model saved at ``path`` (loaded by ``model_cls``) and open it in ONNX Runtime."""
-    import onnxruntime as ort
+    return open_session(export_onnx(path, model_cls, output), output, threads)
+
+
+def export_onnx(path: Path, model_cls: Any, output: str) -> bytes:
+    """The float32 model saved at ``path`` as an ONNX model (dynamic batch and length), serialized."""
     import torch
 
     model = model_cls.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
@@ -81,9 +85,16 @@ def export_tower(path: Path, model_cls: Any, output: str, threads: int) -> OnnxT
                           output_names=[output], opset_version=17, dynamo=False,
                           dynamic_axes={**{name: dims for name in INPUTS}, output: {0: "batch"} | (
                               {1: "tokens"} if output == "last_hidden_state" else {})})
+    return buffer.getvalue()
+
+
+def open_session(model: bytes, output: str, threads: int) -> OnnxTower:
+    """An ONNX Runtime CPU session of a serialized tower, all graph optimizations on."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(1, threads)
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     return OnnxTower(session, output)
