@@ -3,12 +3,12 @@
 Why it exists: on a CPU without native bf16 the encoder runs in float32, and
 there torch spends ~80% of its time in MKL's GEMMs (profiled under the AVX2
 emulation) and ~11% in its attention kernel; ONNX Runtime brings its own
-GEMMs (MLAS) and fused attention, layer norm and GELU. Measured: no faster
-than torch, natively or under the AVX2 emulation (bench/embed_bench.py, both
-within noise), so it is not the default; it stays for CPUs where MKL is the
-weak part (MKL's AVX2 paths on AMD have not been measured here), with
-vectors equal to torch's float32 ones to ~1e-6 (tests/rag_core/index/
-test_encoders.py). Needs ``pip install 'wikirag[onnx]'``.
+GEMMs (MLAS) and fused attention, layer norm and GELU. Measured
+(bench/embed_bench.py): 6-12% faster than torch on an AMD EPYC, natively and
+held to AVX2, 12% slower natively on the Intel CPU with AMX, level under its
+AVX2 emulation; a CPU-dependent winner, so not the default. Its vectors equal
+torch's float32 ones to ~1e-6 (tests/rag_core/index/test_encoders.py). Needs
+``pip install 'wikirag[onnx]'``.
 
 The tower is exported in memory with torch's TorchScript-based exporter
 (``torch.onnx.export(..., dynamo=False)``; dynamic batch and length) from a
