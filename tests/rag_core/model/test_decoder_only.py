@@ -81,7 +81,10 @@ def test_rows_one_by_one_give_the_padded_batchs_losses_and_gradients(indexes: Si
     torch.testing.assert_close(rows, batched, rtol=1e-5, atol=1e-5)
     assert batched_grads.keys() == rows_grads.keys()
     for name, grad in batched_grads.items():
-        torch.testing.assert_close(rows_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+        # float32 sums in another order (a GEMM per row, not per batch): the rounding grows with the gradient's
+        # size (on an AMD EPYC: 3.5e-5 off in k_proj's gradient of magnitude 24, 1.5e-6 of it)
+        scale = max(1.0, float(grad.abs().max()))
+        torch.testing.assert_close(rows_grads[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 
 @pytest.mark.parametrize("beams", [1, 3])
