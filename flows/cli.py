@@ -227,7 +227,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         inputs["dump"] = str(args.dump or fetch_sample(settings.home / "data"))
         inputs["generator"] = str(resolve_generator(settings.home, args.generator) if args.generator else
                                   fetch_default_generator(settings.home))
-        warm_encoder(EmbedConfig())  # the pipeline's index_rebuild plans with EmbedConfig()
+        from flows.pipeline import EMBED  # imports Prefect: its API URL is already set here
+
+        warm_encoder(EMBED)
 
     where = {"store": settings.store_url,
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",

@@ -27,6 +27,7 @@ from tasks.reports import publish_summary, retrieval_recall, summary_markdown, w
 
 quiet_environment()
 
+EMBED = EmbedConfig()  # the main job's embedding settings (`wikirag run` loads this encoder while its server boots)
 SAMPLE_QUESTIONS = ("Who was the teacher of Alexander the Great?", "What is the capital of Algeria?",
                     "Which planet did Galileo observe moons around?")
 
@@ -83,7 +84,7 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
              ) -> PipelineSummary:
     """The main job (module docstring); ``tasks``: more task files to fine-tune on besides the cloze task."""
     version = index_rebuild.with_options(task_runner=dask_runner(dask_address, workers))(
-        ingest_config=IngestConfig(dump=dump), store=store, embed=EmbedConfig(), index=IndexConfig(),
+        ingest_config=IngestConfig(dump=dump), store=store, embed=EMBED, index=IndexConfig(),
         gate=GateConfig())
     recipe = {"generator": generator, "max_steps": run.max_steps, "batch_size": run.batch_size, "lr": run.lr,
               "n_docs": run.n_docs, "max_context_length": run.max_context_length,
