@@ -79,8 +79,8 @@ class RunInfo:
                    dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
         if avx2_emulated():
             info.notes.append("Emulated AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
-                              + " (torch's own kernels, oneDNN and MKL limited to AVX2, as on an AMD EPYC "
-                              "without AVX512).")
+                              + " (torch's own kernels, oneDNN, MKL and FBGEMM limited to AVX2, as on an AMD EPYC "
+                              "without AVX512; ONNX Runtime's kernels follow this CPU's flags).")
         print(f"# {info.hardware.line()}", file=sys.stderr)
         return info
 

@@ -41,8 +41,8 @@ batch pads little (the output keeps the input order); inference runs under
 wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
 texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
 no engine wins on every CPU: in float32 it ran 6-12% faster than torch on an
-AMD EPYC (natively and held to AVX2) but 12% slower natively on the Intel CPU
-with AMX, and level under its AVX2 emulation (docs/benchmarks.md). The engine
+AMD EPYC but 12% slower natively on the Intel CPU with AMX (docs/benchmarks.md;
+its kernels ignore the AVX2 emulation, see onnx_engine). The engine
 is recorded in the fingerprint, not in ``fingerprint_id``.
 """
 

@@ -4,9 +4,11 @@ Why it exists: on a CPU without native bf16 the encoder runs in float32, and
 there torch spends ~80% of its time in MKL's GEMMs (profiled under the AVX2
 emulation) and ~11% in its attention kernel; ONNX Runtime brings its own
 GEMMs (MLAS) and fused attention, layer norm and GELU. Measured
-(bench/embed_bench.py): 6-12% faster than torch on an AMD EPYC, natively and
-held to AVX2, 12% slower natively on the Intel CPU with AMX, level under its
-AVX2 emulation; a CPU-dependent winner, so not the default. Its vectors equal
+(bench/embed_bench.py): 6-12% faster than torch on an AMD EPYC, 12% slower
+natively on the Intel CPU with AMX; a CPU-dependent winner, so not the
+default. Its rows under the AVX2 emulation compare it, on the CPU's own
+kernels, with a torch held to AVX2: MLAS picks its instruction set from the
+CPU's flags and reads none of the emulation's variables. Its vectors equal
 torch's float32 ones to ~1e-6 (tests/rag_core/index/test_encoders.py). Needs
 ``pip install 'wikirag[onnx]'``.
 
