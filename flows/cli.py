@@ -13,6 +13,7 @@ Prefect reads its settings when imported.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import logging
 import os
@@ -115,11 +116,20 @@ def rebuild_configs(args: argparse.Namespace) -> tuple[IngestConfig, EmbedConfig
             GateConfig(**given(args, recall_queries="recall_queries")))
 
 
+def import_flow(module: str) -> typing.Callable[[], None]:
+    """A ``meanwhile`` for ``prefect_api`` that imports a flow's module (Prefect, Dask and the tasks: 2-3 s on
+    2 cores) while the server boots; ``prefect_api`` exports the API URL first, so Prefect reads the right one."""
+    def load() -> None:
+        importlib.import_module(module)
+
+    return load
+
+
 def run_ingest(settings: Settings, config: IngestConfig) -> str:
     from flows.prefect_api import prefect_api
 
     log.info("ingesting %s into %s", config.dump, settings.store_url)
-    with prefect_api(settings.prefect_home):
+    with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.ingest")):
         from flows.ingest import dask_runner, ingest  # imports prefect: only once its API is known
 
         if not log.isEnabledFor(logging.DEBUG):
@@ -159,7 +169,11 @@ def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConf
     ingest, embed, index, gate = configs
     log.info("rebuilding the index of %s in %s (encoder %s, factory %s)", ingest.dump, settings.store_url,
              embed.encoder.path or "all-MiniLM-L6-v2 (packaged)", index.factory)
-    with prefect_api(settings.prefect_home, meanwhile=lambda: warm_encoder(embed)):
+    def meanwhile() -> None:
+        warm_encoder(embed)
+        import_flow("flows.index_rebuild")()
+
+    with prefect_api(settings.prefect_home, meanwhile=meanwhile):
         from flows.index_rebuild import index_rebuild
         from flows.ingest import dask_runner
 

@@ -14,11 +14,11 @@ log = logging.getLogger("wikirag")
 
 
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.cli import quiet_expected_tracebacks
+    from flows.cli import import_flow, quiet_expected_tracebacks
     from flows.prefect_api import prefect_api
 
     log.info("evaluating %s on %s (%s) with MLflow at %s", args.model, args.dev, args.task, settings.tracking_uri)
-    with prefect_api(settings.prefect_home):
+    with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.evaluate")):
         from flows.evaluate import evaluate_registered
 
         quiet_expected_tracebacks()
@@ -45,12 +45,12 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
 
 
 def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.cli import quiet_expected_tracebacks
+    from flows.cli import import_flow, quiet_expected_tracebacks
     from flows.prefect_api import prefect_api
 
     request = finetune_request(args, settings)
     log.info("fine-tuning %s with %d process(es); MLflow at %s", args.task, args.nproc, settings.tracking_uri)
-    with prefect_api(settings.prefect_home):
+    with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.finetune")):
         from flows.finetune import finetune
 
         quiet_expected_tracebacks()

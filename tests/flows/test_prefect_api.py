@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from flows.prefect_api import _healthy, prefect_api
-from tests.flows.test_stopping import _descendants, _still_running
+from tests.flows.test_stopping import REPO, _descendants, _still_running
+
+# What the commands' ``meanwhile`` does, in a fresh process (where nothing has imported Prefect yet).
+FLOW_IMPORTS = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from flows.cli import import_flow
+    from flows.prefect_api import _healthy, prefect_api
+
+    seen = {"prefect_before": "prefect" in sys.modules}
+    def meanwhile():
+        import_flow("flows.ingest")()
+        from prefect.settings import get_current_settings
+        seen["prefect_url"] = str(get_current_settings().api.url)
+        seen["answered"] = _healthy(seen["prefect_url"])
+        for module in ("flows.index_rebuild", "flows.evaluate", "flows.finetune"):
+            import_flow(module)()
+        seen["imported"] = [m for m in ("flows.index_rebuild", "flows.evaluate", "flows.finetune") if m in sys.modules]
+    with prefect_api(Path(sys.argv[1]), meanwhile=meanwhile) as url:
+        seen["url"] = url
+    print(json.dumps(seen))
+""")
 
 
 def _servers(but: dict[int, str] | None = None) -> dict[int, str]:
@@ -43,3 +68,16 @@ def test_meanwhile_runs_while_the_server_boots_and_its_failure_stops_the_server(
         pytest.fail("the body must not run when meanwhile fails")
     assert len(seen["servers"]) == 1 and _still_running(seen["servers"]) == []
     assert "PREFECT_API_URL" not in os.environ
+
+
+def test_a_flow_imported_while_the_server_boots_talks_to_that_server(tmp_path: Path) -> None:
+    """The commands import their flow's module (Prefect, Dask: seconds) as ``meanwhile``: Prefect, first imported
+    there, must read the URL of the server still booting, not start a temporary server of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    proc = subprocess.run([sys.executable, "-c", FLOW_IMPORTS, str(tmp_path / "prefect")], cwd=REPO,
+                          env=env | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["prefect_before"] is False  # the CLI leaves Prefect's import to the flow modules
+    assert seen["prefect_url"] == seen["url"] and seen["answered"] is False
+    assert seen["imported"] == ["flows.index_rebuild", "flows.evaluate", "flows.finetune"]
