@@ -171,7 +171,7 @@ def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConf
              embed.encoder.path or "all-MiniLM-L6-v2 (packaged)", index.factory)
     def meanwhile() -> None:
         warm_encoder(embed)
-        import_flow("flows.index_rebuild")()
+        importlib.import_module("flows.index_rebuild")
 
     with prefect_api(settings.prefect_home, meanwhile=meanwhile):
         from flows.index_rebuild import index_rebuild
