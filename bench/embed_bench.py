@@ -39,6 +39,7 @@ over wall time.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -55,6 +56,7 @@ GOAL_SPEEDUP = 1.5  # wikirag (dtype auto) passages/s over sentence-transformers
 GOAL_COSINE = 0.999  # min row-wise cosine of wikirag (auto) against sentence-transformers float32
 ST_BATCH = 32  # sentence-transformers encode()'s default batch size
 WARMUP = 32
+CALIBRATION = 64  # passages outside the timed ones whose activations set the int8 rows' smoothing
 WIKIPEDIA_PASSAGES = 21_000_000  # full English Wikipedia in 100-word passages (DPR's figure)
 
 
@@ -82,17 +84,40 @@ class Row:
 # -- inputs and model facts ---------------------------------------------------------------------
 
 
-def load_passages(sample: Path, n: int) -> tuple[list[str], list[str]]:
-    """(titles, texts): a seeded random ``n`` of the passages wikirag's ingest cuts from the sample (0 = all)."""
-    import numpy as np
-
+@functools.lru_cache(maxsize=2)
+def _ingested(sample: Path):
     from rag_core.wiki.dumps import DumpSource, iter_pages
     from rag_core.wiki.passages import passages_from_pages
 
-    passages, _, _ = passages_from_pages(iter_pages(DumpSource(str(sample))))
-    if n and n < passages.num_rows:
-        passages = passages.take(np.sort(np.random.default_rng(0).choice(passages.num_rows, n, replace=False)))
+    return passages_from_pages(iter_pages(DumpSource(str(sample))))[0]
+
+
+def _chosen(sample: Path, n: int):
+    """Row numbers of the seeded random ``n`` passages (all when ``n`` is 0 or too large)."""
+    import numpy as np
+
+    rows = _ingested(sample).num_rows
+    if not n or n >= rows:
+        return np.arange(rows)
+    return np.sort(np.random.default_rng(0).choice(rows, n, replace=False))
+
+
+def load_passages(sample: Path, n: int) -> tuple[list[str], list[str]]:
+    """(titles, texts): a seeded random ``n`` of the passages wikirag's ingest cuts from the sample (0 = all)."""
+    passages = _ingested(sample).take(_chosen(sample, n))
     return passages.column("title").to_pylist(), passages.column("text").to_pylist()
+
+
+def calibration_passages(sample: Path, n: int, k: int = CALIBRATION) -> tuple[list[str], list[str]]:
+    """(titles, texts) of ``k`` passages that ``load_passages(sample, n)`` does not return (seeded)."""
+    import numpy as np
+
+    passages = _ingested(sample)
+    rest = np.setdiff1d(np.arange(passages.num_rows), _chosen(sample, n))
+    if not len(rest):  # every passage is timed: calibrate on some of them rather than on none
+        rest = np.arange(passages.num_rows)
+    picked = passages.take(np.sort(np.random.default_rng(1).choice(rest, min(k, len(rest)), replace=False)))
+    return picked.column("title").to_pylist(), picked.column("text").to_pylist()
 
 
 def encoder_flops(strings: list[str], max_length: int):
@@ -122,6 +147,23 @@ def matmul_rate(dtype) -> float:
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2 * 256 * 384 * 1536 / best
+
+
+def int8_gemm_errors() -> dict[int, float]:
+    """Share of wrong outputs of ``torch._int_mm`` on random int8 matrices, by the second operand's bound.
+
+    The first operand spans ±127; exact products come from float64. Non-zero where the int8 kernels add
+    u8 x s8 products in 16 bits (AVX2 without VNNI) and the second operand is too wide for that.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (256, 384), dtype=torch.int8, generator=gen)
+    errors = {}
+    for bound in (127, 63):
+        b = torch.randint(-bound, bound + 1, (384, 512), dtype=torch.int8, generator=gen)
+        errors[bound] = (torch._int_mm(a, b).double() != a.double() @ b.double()).double().mean().item()
+    return errors
 
 
 # -- rows -----------------------------------------------------------------------------------
@@ -158,13 +200,84 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
     return rows
 
 
-def alternative_rows(max_length: int, batch: int | None) -> list[Row]:
+# Which of a BERT layer's Linears smoothed_int8 quantizes, by module name: every one but the FFN's output (which
+# cost the most cosine in trials), or only the FFN's input (the largest GEMM that costs little cosine alone).
+INT8_LAYERS = {"all but FFN out": lambda name: not (name.endswith("output.dense") and "attention" not in name),
+               "FFN in only": lambda name: name.endswith("intermediate.dense")}
+
+
+def smoothed_int8(enc, calibration: tuple[list[str], list[str]], weight_bits: int, layers: str,
+                  alpha: float = 0.5):
+    """A copy of ``enc``'s passage tower whose ``INT8_LAYERS[layers]`` Linears run int8 x int8 GEMMs.
+
+    W8A8 in SmoothQuant's manner (Xiao et al., 2022): each input channel j is divided by
+    ``s_j = max|x_j| ** alpha / max|W_:j| ** (1 - alpha)`` and its weight column multiplied by it (the same
+    product in exact arithmetic), which moves the activations' outlier channels into the weights; then
+    activations are quantized per token and weights per output channel, symmetric, and multiplied by
+    ``torch._int_mm``. ``max|x_j|`` comes from running the tower over ``calibration`` (passages that are not
+    timed). ``weight_bits`` 7 keeps AVX2's int8 kernels exact: without VNNI, oneDNN (behind ``_int_mm``) sums
+    pairs of u8 x s8 products in 16 bits, shifting the first operand to u8, and a second operand beyond ±63 can
+    saturate that sum (:func:`int8_gemm_errors`, printed under the alternatives).
+    """
+    import copy
+
+    import torch
+
+    class SmoothedInt8Linear(torch.nn.Module):
+        def __init__(self, linear: torch.nn.Linear, in_max: torch.Tensor) -> None:
+            super().__init__()
+            w = linear.weight.detach().float()  # [out, in]
+            smooth = in_max.clamp(min=1e-5) ** alpha / w.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)  # [in]
+            w = w * smooth
+            qmax = 2 ** (weight_bits - 1) - 1
+            self.w_scale = w.abs().amax(1).clamp(min=1e-8) / qmax  # [out]
+            self.w_int8 = (w / self.w_scale[:, None]).round().clamp(-qmax, qmax).to(torch.int8).t().contiguous()
+            self.inv_smooth = 1.0 / smooth
+            self.bias = linear.bias.detach().float() if linear.bias is not None else None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            rows = x.reshape(-1, x.shape[-1]) * self.inv_smooth  # [tokens, in]
+            scale = rows.abs().amax(1, keepdim=True).clamp_(min=1e-8).div_(127)  # [tokens, 1]
+            acc = torch._int_mm(rows.div_(scale).round_().to(torch.int8), self.w_int8)  # [tokens, out] int32
+            y = acc.float().mul_(scale).mul_(self.w_scale)
+            if self.bias is not None:
+                y.add_(self.bias)
+            return y.view(*x.shape[:-1], -1)
+
+    model = enc.context.model
+    targets = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+               and ".layer." in f".{name}" and INT8_LAYERS[layers](name)}
+    in_max: dict[str, torch.Tensor] = {}
+
+    def record(name):
+        def hook(_module, inputs, _output):
+            seen = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)
+            in_max[name] = torch.maximum(in_max[name], seen) if name in in_max else seen
+        return hook
+
+    hooks = [module.register_forward_hook(record(name)) for name, module in targets.items()]
+    try:
+        enc.encode_passages(*calibration)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    quantized = copy.deepcopy(model)
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = quantized.get_submodule(parent_name)
+        setattr(parent, child, SmoothedInt8Linear(getattr(parent, child), in_max[name]))
+    return quantized
+
+
+def alternative_rows(max_length: int, batch: int | None, calibration: tuple[list[str], list[str]]) -> list[Row]:
     """``--alternatives``: float32 ways to run the same encoder that an AVX2-only CPU might gain from.
 
     Each is wikirag's Encoder (same tokenizing, sorting and pooling) with its passage tower swapped: HF's eager
     attention instead of SDPA; ``torch.compile`` (inductor, weights frozen); int8 dynamic quantization of every
-    Linear (``torch.ao.quantization.quantize_dynamic``); ONNX Runtime after onnxruntime's BERT fusions
-    (``onnxruntime.transformers.optimizer``: fused attention, skip layer norm, bias GELU).
+    Linear (``torch.ao.quantization.quantize_dynamic``: one activation scale per call); int8 with per-token
+    activation scales after SmoothQuant's smoothing (:func:`smoothed_int8`, 8- and 7-bit weights), calibrated
+    on ``calibration``; ONNX Runtime after onnxruntime's BERT fusions (``onnxruntime.transformers.optimizer``:
+    fused attention, skip layer norm, bias GELU).
     """
     import dataclasses
 
@@ -195,8 +308,14 @@ def alternative_rows(max_length: int, batch: int | None) -> list[Row]:
     def int8(enc: Encoder):
         return torch.ao.quantization.quantize_dynamic(enc.context.model, {torch.nn.Linear}, dtype=torch.qint8)
 
+    def w8a8(bits: int, layers: str):
+        return lambda enc: smoothed_int8(enc, calibration, bits, layers)
+
     makers = [("torch, eager attention", eager), ("torch.compile (inductor, frozen)", compiled),
-              ("torch, int8 dynamic Linear", int8)]
+              ("torch, int8 dynamic Linear", int8),
+              *[(f"torch, int8 per-token SmoothQuant, {bits}-bit weights, {layers}", w8a8(bits, layers))
+                for bits, layers in ((8, "all but FFN out"), (7, "all but FFN out"), (7, "FFN in only"))]]
+    int8_rows = {"torch, int8 dynamic Linear"} | {label for label, _ in makers[3:]}
     if onnx_engine.available():
         def fused(enc: Encoder):
             import onnx
@@ -213,8 +332,8 @@ def alternative_rows(max_length: int, batch: int | None) -> list[Row]:
     rows = []
     for label, make in makers:
         encode, setup = swapped(make)
-        rows.append(Row(f"alternative: {label}", "int8 / float32" if make is int8 else "float32", config.batch_size,
-                        encode, setup_s=setup))
+        dtype = "int8 / float32" if label in int8_rows else "float32"
+        rows.append(Row(f"alternative: {label}", dtype, config.batch_size, encode, setup_s=setup))
     return rows
 
 
@@ -253,7 +372,7 @@ def cosines(a, ref):
 
 
 def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[bool, Row], flops, lengths,
-           rates: dict[str, float], native: str, reason: str) -> str:
+           rates: dict[str, float], native: str, reason: str, int8_errors: dict[int, float]) -> str:
     import numpy as np
     import torch
 
@@ -294,10 +413,14 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         "",
         *table,
         "",
-        *([f"Alternatives (`--alternatives`, float32, never picked by `auto`): set-up beyond loading the model, "
+        *([f"Alternatives (`--alternatives`, never picked by `auto`): set-up beyond loading the model "
+           f"(int8 SmoothQuant: calibrating on {CALIBRATION} other passages), "
            f"and the untimed first call on {WARMUP} passages, where a lazy compile happens.", "",
            "| row | set-up s | first call s |", "|---|---:|---:|",
            *[f"| {r.label} | {r.setup_s:.1f} | {r.warm_s:.1f} |" for r in rows if r.label.startswith("alternative")],
+           "", "`torch._int_mm` (the SmoothQuant rows' GEMM) against exact products, random int8 operands, the "
+           "first within ±127:", "", "| second operand within | wrong outputs |", "|---|---:|",
+           *[f"| ±{bound} | {share:.1%} |" for bound, share in int8_errors.items()],
            ""] if args.alternatives else []),
         "| dtype | encoder-shaped matmul, GFLOP/s |", "|---|---:|",
         *[f"| {k} | {v / 1e9:,.1f} |" for k, v in rates.items()],
@@ -326,8 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="wikirag's batch size (default: EncoderConfig's)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per passage, both sides (default 256)")
     p.add_argument("--sample", type=Path, default=SAMPLE, help="the real Wikipedia sample (.xml.bz2)")
-    p.add_argument("--alternatives", action="store_true", help="also time float32 alternatives: eager attention, "
-                   "torch.compile, int8 dynamic Linear, ONNX Runtime with BERT fusions")
+    p.add_argument("--alternatives", action="store_true", help="also time alternatives: eager attention, "
+                   "torch.compile, int8 dynamic Linear, int8 per-token SmoothQuant, ONNX Runtime with BERT fusions")
     p.add_argument("--avx2", action="store_true", help="run as on an AVX2-only CPU (re-runs itself)")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
@@ -353,11 +476,12 @@ def main(argv: list[str] | None = None) -> None:
     log(f"{len(titles):,} passages; auto picks {precision.dtype} ({precision.reason}); loading and warming up ...")
     rows = build_rows(args.max_length, args.batch_size, precision.dtype)
     if args.alternatives:
-        rows += alternative_rows(args.max_length, args.batch_size)
+        rows += alternative_rows(args.max_length, args.batch_size, calibration_passages(args.sample, args.passages))
     refs = time_rows(rows, titles, texts, args.slow_passages, args.repeats)
     rates = {"float32": matmul_rate(torch.float32), "bfloat16": matmul_rate(torch.bfloat16)}
+    int8_errors = int8_gemm_errors() if args.alternatives else {}
     info.finish()
-    text = report(info, args, rows, refs, flops, lengths, rates, precision.dtype, precision.reason)
+    text = report(info, args, rows, refs, flops, lengths, rates, precision.dtype, precision.reason, int8_errors)
     publish(text, args.markdown)
 
 
