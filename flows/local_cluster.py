@@ -16,6 +16,14 @@ thresholds instead: :data:`NANNY_ENVIRONMENT` for workers started by
 ``dask worker`` (services, infra/), :func:`keep_glibc_malloc` for the local
 cluster, and :func:`without_dask_trim` for the environments a process hands on
 after a nanny of its own left Dask's value there.
+
+A worker whose heartbeat meets a scheduler that is closing logs
+``distributed.worker - ERROR - Failed to communicate with scheduler during
+heartbeat.`` with a full traceback (an upstream race, dask/distributed#7105).
+A command that fails early, e.g. on a corrupt dump, closes its cluster seconds
+after starting it, and that traceback landed beside the command's one-line
+error. The local cluster's workers preload this module, whose
+:func:`dask_setup` turns that one record into a one-line warning.
 """
 
 from __future__ import annotations
@@ -55,12 +63,38 @@ def keep_glibc_malloc() -> None:
         del os.environ["MALLOC_TRIM_THRESHOLD_"]  # left by an earlier nanny of this process (without_dask_trim)
 
 
+HEARTBEAT_LOST = "Failed to communicate with scheduler during heartbeat."
+
+
+class OneLineLostHeartbeat(logging.Filter):
+    """Distributed's lost-heartbeat error, traceback and all, as a one-line warning naming the exception."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == HEARTBEAT_LOST and record.exc_info:
+            exc = record.exc_info[1]
+            record.msg = f"{HEARTBEAT_LOST[:-1]} ({type(exc).__name__}: {exc}); expected while the cluster closes"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def dask_setup(worker: Any) -> None:
+    """Dask's preload hook, run in each worker process of a :class:`BoundedLocalCluster` (module docstring)."""
+    worker_log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, OneLineLostHeartbeat) for f in worker_log.filters):
+        worker_log.addFilter(OneLineLostHeartbeat())
+
+
 class BoundedLocalCluster(LocalCluster):
-    """A ``LocalCluster`` whose ``close()`` gives up after ``close_timeout`` seconds and kills its worker processes."""
+    """A ``LocalCluster`` whose ``close()`` gives up after ``close_timeout`` seconds and kills its worker processes.
+
+    Its workers preload this module (:func:`dask_setup`), besides any ``preload`` given.
+    """
 
     def __init__(self, *args: Any, close_timeout: float = CLOSE_TIMEOUT_S, **kwargs: Any) -> None:
         self.close_timeout = close_timeout
         keep_glibc_malloc()
+        kwargs["preload"] = [*(kwargs.get("preload") or []), __name__]
         super().__init__(*args, **kwargs)
 
     def worker_pids(self) -> list[int]:

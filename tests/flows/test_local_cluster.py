@@ -49,3 +49,44 @@ def test_workers_keep_glibcs_adaptive_malloc_and_dasks_other_defaults(monkeypatc
     # a value the user chose is theirs
     assert without_dask_trim({"MALLOC_TRIM_THRESHOLD_": "131072", "A": "1"}) == {"MALLOC_TRIM_THRESHOLD_": "131072",
                                                                               "A": "1"}
+
+
+async def _heartbeat_to_a_closed_port(dask_worker) -> str:
+    """Run the worker's own heartbeat against an address nobody listens on: distributed's lost-heartbeat path."""
+    import dask
+    from distributed.core import rpc
+
+    scheduler, dask_worker.scheduler = dask_worker.scheduler, rpc("tcp://127.0.0.1:1")
+    try:
+        with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+            await dask_worker.heartbeat()
+    finally:
+        dask_worker.scheduler = scheduler
+    return "done"
+
+
+LOST_HEARTBEAT_SCRIPT = """
+from distributed import Client
+from flows.local_cluster import BoundedLocalCluster
+from tests.flows.test_local_cluster import _heartbeat_to_a_closed_port
+
+with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address=None) as cluster, Client(cluster) as client:
+    print(list(client.run(_heartbeat_to_a_closed_port).values()))
+"""
+
+
+def test_a_lost_heartbeat_is_one_warning_line_not_a_traceback() -> None:
+    """What a command's cluster printed when it closed seconds after starting (a corrupt dump failing at once)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", LOST_HEARTBEAT_SCRIPT], cwd=repo, capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "['done']", proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if "Failed to communicate with scheduler" in line]
+    # the worker's own periodic heartbeat may meet the dead address too: one line each
+    assert lines and all(" - WARNING - " in line and "OSError" in line for line in lines), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
