@@ -94,7 +94,8 @@ class BoundedLocalCluster(LocalCluster):
     def __init__(self, *args: Any, close_timeout: float = CLOSE_TIMEOUT_S, **kwargs: Any) -> None:
         self.close_timeout = close_timeout
         keep_glibc_malloc()
-        kwargs["preload"] = [*(kwargs.get("preload") or []), __name__]
+        given = kwargs.get("preload") or []
+        kwargs["preload"] = [*([given] if isinstance(given, str) else given), __name__]  # Dask takes a str or list
         super().__init__(*args, **kwargs)
 
     def worker_pids(self) -> list[int]:
