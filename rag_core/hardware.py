@@ -41,8 +41,8 @@ _NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # The environment that makes torch on a newer x86 CPU run as on an AVX2-only one (an AMD EPYC without
 # AVX512): ATen's own kernels, oneDNN (bf16 matmuls), MKL (float32 GEMM) and FBGEMM (int8 GEMM: an
 # encoder-shaped int8 Linear took 2.2x as long on its AVX2 kernels as on an AMD EPYC's VNNI ones) all
-# dispatch to AVX2. ONNX Runtime has no such switch: its kernels follow the CPU's flags. For a child process (benchmarks' --avx2, a test);
-# the libraries read it when they load, so it cannot be set later.
+# dispatch to AVX2. ONNX Runtime has no such switch: its kernels follow the CPU's flags. For a child
+# process (benchmarks' --avx2, a test); the libraries read it when they load, so it cannot be set later.
 AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                   "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
 

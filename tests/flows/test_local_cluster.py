@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from flows.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster, without_dask_trim
 from tests.flows.test_stopping import _descendants, _still_running
@@ -78,10 +81,6 @@ with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host
 
 def test_a_lost_heartbeat_is_one_warning_line_not_a_traceback() -> None:
     """What a command's cluster printed when it closed seconds after starting (a corrupt dump failing at once)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", LOST_HEARTBEAT_SCRIPT], cwd=repo, capture_output=True, text=True,
                           timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(repo)})
