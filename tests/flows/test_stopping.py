@@ -95,6 +95,11 @@ def _interruptible() -> None:
 def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, str, float, float, dict[int, str]]:
     """Start the command, signal it when ``stop.when`` is logged.
 
+    The moment the line is read, the command's process group (it and its Dask workers) is frozen with SIGSTOP;
+    the stop signal goes to the frozen processes and SIGCONT lets it land. A stage can be shorter than this
+    test's own reaction on a busy machine (the index build of 650 passages takes ~0.7 s, and once ran to its
+    publish before the signal came), so without the freeze the signal could miss the stage it is meant for.
+
     Returns the exit status, stderr, seconds to the signal, seconds from the signal to the exit, and every
     process it started.
     """
@@ -108,7 +113,9 @@ def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, s
         assert proc.stderr is not None
         for line in proc.stderr:
             lines.append(line)
-            if re.search(stop.when, line):
+            if not reached.is_set() and re.search(stop.when, line):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGSTOP)
                 reached.set()
 
     reader = threading.Thread(target=read, daemon=True)
@@ -129,9 +136,12 @@ def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, s
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(stop.signum)
+        os.killpg(proc.pid, signal.SIGCONT)  # the stop signal is pending: it lands as the command resumes
         proc.wait(timeout=120)
         stopped_in = time.monotonic() - signalled
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)  # never leave a frozen process behind, whatever failed
         if proc.poll() is None:
             proc.kill()
             proc.wait()
