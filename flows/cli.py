@@ -355,8 +355,8 @@ def add_index_rebuild(sub: Any) -> None:
                    "default: the packaged all-MiniLM-L6-v2)")
     p.add_argument("--question-encoder", help="DPR question encoder directory (with a DPR --encoder)")
     p.add_argument("--encoder-dtype", choices=typing.get_args(EncoderConfig.model_fields["dtype"].annotation),
-                   help=f"weights dtype (default {default(EncoderConfig, 'dtype')}; "
-                   f"{EncoderConfig.model_fields['dtype'].description.split('; ', 1)[-1]})")
+                   help=f"weights dtype (default {default(EncoderConfig, 'dtype')}: "
+                   f"{EncoderConfig.model_fields['dtype'].description.split('auto = ', 1)[-1]})")
     p.add_argument("--factory", help="FAISS factory: Flat, HNSW32, IVF4096,PQ48, OPQ48,IVF4096,PQ48, or auto "
                    f"(default {default(IndexConfig, 'factory')}: chosen from size, memory budget and recall target)")
     p.add_argument("--shards", type=int, help=f"index shards (default: one per "
