@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
@@ -42,13 +43,38 @@ def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFix
     assert f"(default {IndexConfig().recall_target})" in rebuild and f"(default {IndexConfig().factory}:" in rebuild
     assert f"(default {GateConfig().recall_queries})" in rebuild
     assert f"one per {EmbedConfig().passages_per_shard:,} passages, at least {EmbedConfig().min_shards}" in rebuild
-    assert f"(default {EncoderConfig().dtype};" in rebuild and "{auto,float32,bfloat16}" in rebuild
+    assert f"(default {EncoderConfig().dtype}: bf16 where" in rebuild and "{auto,float32,bfloat16}" in rebuild
     ingest = help_text(capsys, "ingest")
     for name in ("words_per_passage", "max_residue_rate", "shards"):
         assert f"(default {IngestConfig.model_fields[name].default}" in ingest
     assert f"(default {SearchConfig().k})" in help_text(capsys, "search")
     assert f"(default {CleanupConfig().older_than_hours:g})" in help_text(capsys, "indexes", "gc")
     assert f"one per core, {Settings().workers} here" in help_text(capsys, "ingest")
+
+
+def _helps(parser: argparse.ArgumentParser, command: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(command and flag, help text) of every option of every subcommand."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _helps(sub, (*command, name))
+        elif action.help and action.help != argparse.SUPPRESS:
+            found.append((" ".join((*command, *action.option_strings[-1:], action.dest)), action.help))
+    return found
+
+
+def test_every_help_text_closes_what_it_opens() -> None:
+    # Help texts are assembled from the config classes' descriptions; a cut in the wrong place left one
+    # reading "a timed probe decides), else float32)".
+    helps = _helps(build_parser())
+    assert len(helps) > 50
+    for where, text in helps:
+        depth = 0
+        for char in text:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            assert depth >= 0, (where, text)
+        assert depth == 0, (where, text)
 
 
 def test_flags_override_settings_without_touching_the_environment(home: Path, tmp_path: Path,
