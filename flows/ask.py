@@ -14,23 +14,32 @@ import json
 from typing import Any
 
 from flows.settings import Settings
+from rag_core.storage import Store
 
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
                kind: str = "sequence", n_docs: int = 5, dtype: str = "float32") -> Any:
     """A RagModel over index ``index`` (LATEST when None) with the generator folder (the fetched default when None)."""
     from flows.models import resolve_generator
+
+    path = resolve_generator(settings.home, generator)  # a clear error before the index loads
+    return zero_shot_model(settings.open_store(), index, str(path), kind=kind, n_docs=n_docs, dtype=dtype)
+
+
+def zero_shot_model(store: Store, index: str | None, generator: str, *, kind: str = "sequence", n_docs: int = 5,
+                    dtype: str = "float32") -> Any:
+    """The index's own question encoder, the index and a generator folder, untrained: the paper's RAG before
+    fine-tuning."""
     from flows.search import query_encoder_config
     from rag_core.index.manifest import IndexManifest
     from rag_core.model.generators import GeneratorConfig
     from rag_core.model.rag_model import RagConfig, RagModel
     from rag_core.model.retriever import IndexRetriever
 
-    path = resolve_generator(settings.home, generator)  # a clear error before the index loads
-    retriever = IndexRetriever.load(settings.open_store(), index)
+    retriever = IndexRetriever.load(store, index)
     question_encoder = query_encoder_config(IndexManifest.model_validate(retriever.manifest), None, None)
     config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=question_encoder,
-                       generator=GeneratorConfig(path=str(path), dtype=dtype))
+                       generator=GeneratorConfig(path=generator, dtype=dtype))
     return RagModel.create(config, retriever)
 
 

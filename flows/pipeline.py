@@ -3,8 +3,8 @@
 index_rebuild (ingest, embed, index, every gate, publish) -> finetune (cloze questions drawn
 from the new index's passages, plus any task files given; N DDP processes; zero-shot and
 fine-tuned evaluation; registry and promotion gate) -> the champion answers a few questions
-with provenance -> plots (metrics per task, retrieval recall@k, training loss; PNG files, also
-in MLflow) and a summary (also a Prefect artifact).
+with provenance, beside the generator before fine-tuning -> plots (metrics per task, retrieval
+recall@k, training loss; PNG files, also in MLflow) and a summary (also a Prefect artifact).
 
 A second run reuses what exists: the published passages and vectors of an unchanged dump, and
 a model registered from the same recipe, data and index version.
@@ -55,6 +55,7 @@ class PipelineSummary(BaseModel):
     passages: int
     outcomes: list[FinetuneOutcome]
     answers: list[dict]
+    zero_shot_answers: list[dict] = Field(default_factory=list)  # the generator before fine-tuning, same questions
     plots: list[str]
     markdown: str
 
@@ -73,7 +74,21 @@ def champion_answers(tracking_uri: str, task_kind: str, questions: list[str]) ->
     from tasks.evaluation import load_registered_model
 
     model = load_registered_model(f"models:/wikirag-{task_kind}@champion", tracking_uri)
-    return answer(model, questions, max_new_tokens=24)
+    return answer(model, questions)  # as `wikirag ask --model` answers
+
+
+@task
+def zero_shot_answers(store: StoreAccess, version: str, generator: str, questions: list[str],
+                      n_docs: int) -> list[dict]:
+    """The same generator and index before fine-tuning, answering the same questions: what the champion changed.
+
+    The cloze champion learns to fill a masked span and answers questions with one (often a number), while the
+    instruction-tuned generator it started from answers in a sentence; the summary shows both.
+    """
+    from flows.ask import zero_shot_model
+    from rag_core.model.answers import answer
+
+    return answer(zero_shot_model(store.store(), version, generator, n_docs=n_docs), questions)  # as `wikirag ask`
 
 
 @flow(name="pipeline", validate_parameters=True)
@@ -95,11 +110,13 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
                                 cloze={"max_passages": run.cloze_passages}),
                 *[t.model_copy(update={"recipe": {**recipe, **t.recipe}}) for t in tasks or []]]
     outcomes = finetune(requests, store, tracking_uri, version, nproc)
-    answers = champion_answers(tracking_uri, "cloze", list(questions or SAMPLE_QUESTIONS))
+    asked = list(questions or SAMPLE_QUESTIONS)
+    answers = champion_answers(tracking_uri, "cloze", asked)
+    before = zero_shot_answers(store, version, generator, asked, run.n_docs)
     recall = {o.task: retrieval_recall(store.store(), version, o.task, o.dev, store.options(o.dev))
               for o in outcomes if o.dev}
     plots = write_plots(tracking_uri, outcomes, recall, report_dir)
     passages = index_facts(store, version)
-    markdown = publish_summary(summary_markdown(version, passages, outcomes, answers, plots, where or {}))
-    return PipelineSummary(index_version=version, passages=passages, outcomes=outcomes, answers=answers, plots=plots,
-                           markdown=markdown)
+    markdown = publish_summary(summary_markdown(version, passages, outcomes, answers, plots, where or {}, before))
+    return PipelineSummary(index_version=version, passages=passages, outcomes=outcomes, answers=answers,
+                           zero_shot_answers=before, plots=plots, markdown=markdown)

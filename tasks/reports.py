@@ -134,17 +134,28 @@ def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[s
 
 
 def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], answers: Sequence[dict[str, Any]],
-                     plots: Sequence[str], where: dict[str, str]) -> str:
+                     plots: Sequence[str], where: dict[str, str],
+                     zero_shot: Sequence[dict[str, Any]] = ()) -> str:
+    """The main job's summary; ``zero_shot``: the same questions answered by the generator before fine-tuning."""
     lines = ["# wikirag: the main job", "", f"Index **{version}**: {passages:,} passages, now LATEST.", "",
              "| task | dev metric | zero-shot | fine-tuned | model | alias | steps |", "|---|---|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.task} | {o.metric} | {o.zero_shot:.3f} | {o.fine_tuned:.3f} | wikirag-{o.task} "
                      f"v{o.model_version} | {o.alias} | {o.steps} |")
     lines += ["", "## Questions answered by the champion", ""]
+    before = {item["question"]: item for item in zero_shot}
     for item in answers:
         lines.append(f"- **{item['question']}** → {item['answer']!r}")
         for p in item["provenance"][:3]:
             lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f})")
+        if (start := before.get(item["question"])) is not None:
+            source = f" (from {start['provenance'][0]['title']})" if start["provenance"] else ""
+            lines.append(f"  - before fine-tuning: {start['answer']!r}{source}")
+    if zero_shot and any(o.task == "cloze" for o in outcomes):
+        lines += ["", "The cloze champion was fine-tuned to fill in a masked date, number or name, so it answers with "
+                  "such a span; the lines \"before fine-tuning\" are the same generator and index untrained. For "
+                  "question answering, fine-tune on a QA task: `wikirag finetune --task nq --train FILE --dev FILE` "
+                  "(README, Fine-tuning)."]
     lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
     lines += [f"- plot: `{p}`" for p in plots]
     return "\n".join(lines) + "\n"

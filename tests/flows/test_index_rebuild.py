@@ -304,6 +304,13 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert "| cloze | em |" in summary and "wikirag-cloze v1 | champion | 2 |" in summary
     teacher = summary.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
     assert teacher[1].startswith("  - Aristotle (")  # the champion's most probable passage is Aristotle's
+    # Beside it, the generator before fine-tuning: what `wikirag ask` answers with the same generator and index.
+    asked = _cli("ask", "--generator", str(llama), "--n-docs", "2", "--json", "Who was the teacher of Alexander the "
+                 "Great?", env=env)
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    before = json.loads(asked.stdout)
+    assert f"  - before fine-tuning: {before['answer']!r} (from {before['provenance'][0]['title']})" in teacher
+    assert "The cloze champion was fine-tuned to fill in a masked date, number or name" in summary
     plots = sorted(p.name for p in (home / "reports").iterdir())
     assert plots == ["metrics_per_task.png", "retrieval_recall.png", "training_loss.png"]
     store = Store(str(home / "store"))
