@@ -79,7 +79,9 @@ def prefect_server(prefect_home: Path) -> Iterator[str]:
 
 
 def _free_port(low: int) -> int:
-    # SeaweedFS puts each gRPC port 10000 above its HTTP port: both must be free.
+    # SeaweedFS puts each gRPC port 10000 above its HTTP port: both must be free, and both below the kernel's
+    # ephemeral range (32768 up), where a port free now can go to another process's connection or bind(0) before
+    # the server binds it.
     start = low + os.getpid() * 7 % 900
     for port in range(start, low + 1000):
         with socket.socket() as a, socket.socket() as b:
@@ -127,7 +129,7 @@ class SeaweedFS:
                     "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
         config.write_text(json.dumps({"identities": [identity]}))
         ports = {name: _free_port(low) for name, low in
-                 (("s3", 20000), ("master", 21000), ("volume", 22000), ("filer", 23000), ("admin", 24000))}
+                 (("s3", 16000), ("master", 17000), ("volume", 18000), ("filer", 19000), ("admin", 20000))}
         self.cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                     "-master.telemetry=false", f"-s3.config={config}", "-webdav=false", "-admin.ui=false",
                     "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{name}.port={port}" for name, port in ports.items())]

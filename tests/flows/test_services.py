@@ -18,8 +18,14 @@ SECRET = "wikirag-services-secret-7f3a9c"  # distinctive: grepped for after the 
 
 
 def _free_block(size: int, grpc_offset: int = 10_000) -> int:
-    """A base port whose ``size`` successors (and their gRPC twins) are free on 127.0.0.1."""
-    for base in range(30_000 + os.getpid() % 500 * 20, 40_000, size):
+    """A base port whose ``size`` successors (and their gRPC twins) are free on 127.0.0.1.
+
+    All of them below the kernel's ephemeral range (32768 up): a port from that range, free when checked, can go
+    to any process's outgoing connection or bind(0) before the server binds it (seen: SeaweedFS's S3 port taken
+    while its master, volume and filer started). Tests/conftest.py's S3 fixture keeps to 16000-20999 (gRPC
+    26000-30999); this block to 12000-14999 (gRPC 22000-24999).
+    """
+    for base in range(12_000 + os.getpid() % 100 * 20, 15_000 - size, size):
         socks = []
         try:
             for port in [p + o for p in range(base, base + size) for o in (0, grpc_offset)]:
