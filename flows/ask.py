@@ -23,13 +23,14 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
     from flows.models import resolve_generator
 
     path = resolve_generator(settings.home, generator)  # a clear error before the index loads
-    return zero_shot_model(settings.open_store(), index, str(path), kind=kind, n_docs=n_docs, dtype=dtype)
+    return untrained_model(settings.open_store(), index, str(path), kind=kind, n_docs=n_docs, dtype=dtype)
 
 
-def zero_shot_model(store: Store, index: str | None, generator: str, *, kind: str = "sequence", n_docs: int = 5,
+def untrained_model(store: Store, index: str | None, generator: str, *, kind: str = "sequence", n_docs: int = 5,
                     dtype: str = "float32") -> Any:
     """The index's own question encoder, the index and a generator folder, untrained: the paper's RAG before
-    fine-tuning."""
+    fine-tuning, as ``wikirag ask`` answers with it. (A fine-tune's own baseline is
+    ``tasks.finetune.zero_shot_model``, built from its TrainConfig.)"""
     from flows.search import query_encoder_config
     from rag_core.index.manifest import IndexManifest
     from rag_core.model.generators import GeneratorConfig

@@ -85,10 +85,10 @@ def zero_shot_answers(store: StoreAccess, version: str, generator: str, question
     The cloze champion learns to fill a masked span and answers questions with one (often a number), while the
     instruction-tuned generator it started from answers in a sentence; the summary shows both.
     """
-    from flows.ask import zero_shot_model
+    from flows.ask import untrained_model
     from rag_core.model.answers import answer
 
-    return answer(zero_shot_model(store.store(), version, generator, n_docs=n_docs), questions)  # as `wikirag ask`
+    return answer(untrained_model(store.store(), version, generator, n_docs=n_docs), questions)  # as `wikirag ask`
 
 
 @flow(name="pipeline", validate_parameters=True)

@@ -22,7 +22,7 @@ def _free_block(size: int, grpc_offset: int = 10_000) -> int:
 
     All of them below the kernel's ephemeral range (32768 up): a port from that range, free when checked, can go
     to any process's outgoing connection or bind(0) before the server binds it (seen: SeaweedFS's S3 port taken
-    while its master, volume and filer started). Tests/conftest.py's S3 fixture keeps to 16000-20999 (gRPC
+    while its master, volume and filer started). tests/conftest.py's S3 fixture keeps to 16000-20999 (gRPC
     26000-30999); this block to 12000-14999 (gRPC 22000-24999).
     """
     for base in range(12_000 + os.getpid() % 100 * 20, 15_000 - size, size):
