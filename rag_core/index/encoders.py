@@ -37,7 +37,13 @@ with, so which dtype made which vectors stays on record.
 
 Speed: texts are tokenized once, sorted by token length and batched so that a
 batch pads little (the output keeps the input order); inference runs under
-``torch.inference_mode``. ``engine="onnx"`` (optional, ``pip install
+``torch.inference_mode``. ``engine="auto"`` (the default) adds int8 where
+float32 is what a CPU runs (``rag_core.index.int8_engine``): on an AVX2-only
+CPU, where float32 GEMMs are the whole cost, calls of at least
+``int8_engine.MIN_TEXTS`` passages run each layer's FFN input as a calibrated
+int8 GEMM (vectors within cosine 0.999 of float32, tested on real passages;
+questions and small calls stay float32). Like the dtype, the engine is
+recorded in the fingerprint but not in ``fingerprint_id``. ``engine="onnx"`` (optional, ``pip install
 wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
 texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
 no engine wins on every CPU: in float32 it ran 6-12% faster than torch on an
@@ -50,6 +56,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,11 +69,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_core.errors import WikiragError
 from rag_core.hardware import DtypeChoice, Precision, choose_precision
-from rag_core.index import onnx_engine
+from rag_core.index import int8_engine, onnx_engine
 from rag_core.index.onnx_engine import OnnxTower
 
 if TYPE_CHECKING:  # torch loads on first use: importing the config (e.g. in a flow) stays cheap
     import torch
+
+log = logging.getLogger("wikirag")
 
 Progress = Callable[[int], None]  # called with the number of texts just finished
 
@@ -94,8 +104,10 @@ class EncoderConfig(BaseModel):
     max_length: int = Field(256, ge=8, description="tokens per text; clamped to the model's positions")
     dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
                                "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
-    engine: Literal["torch", "onnx"] = Field("torch", description="onnx = ONNX Runtime for float32 on CPU "
-                                             "(optional extra wikirag[onnx]; see onnx_engine)")
+    engine: Literal["auto", "torch", "int8", "onnx"] = Field(
+        "auto", description="auto = int8 FFN inputs for calls of 256+ passages where dtype auto chose float32 "
+        "on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU; onnx = ONNX Runtime "
+        "for float32 on CPU (optional extra wikirag[onnx])")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
@@ -196,9 +208,25 @@ def weights_sha256(path: Path) -> str:
     return _hash_files(files)
 
 
+@lru_cache(maxsize=None)
+def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
+    """What ``engine="auto"`` runs here; decided (the int8 probe runs at most once) and logged once a process."""
+    engine, why = int8_engine.decide_engine("auto", dtype_requested, dtype, device, int8_engine.int8_probe_speedup)
+    if engine == "int8" or dtype == "float32":  # only where int8 was a candidate: bf16 says enough already
+        log.info("encoder engine %s: %s", "int8 (FFN inputs)" if engine == "int8" else engine, why)
+    return engine
+
+
 def _engine(config: EncoderConfig, precision: Precision) -> str:
-    """"onnx" or "torch" for this config on this machine (see ``EncoderConfig.engine``)."""
+    """"torch", "int8" or "onnx" for this config on this machine (see ``EncoderConfig.engine``)."""
     fp32_cpu = precision.dtype == "float32" and config.device == "cpu"
+    if config.engine == "auto":
+        return _auto_engine(config.dtype, precision.dtype, config.device)
+    if config.engine == "int8":
+        if not fp32_cpu:
+            raise EncoderError(f"engine int8 runs float32 models on CPU, not {precision.dtype} on {config.device}; "
+                               "set dtype float32 and device cpu, or engine torch")
+        return "int8"
     if config.engine == "onnx":
         if not fp32_cpu:
             raise EncoderError(f"engine onnx runs float32 on CPU, not {precision.dtype} on {config.device}; "
@@ -246,6 +274,7 @@ class Encoder:
         self.precision = precision  # the dtype the weights run in, and why
         self.engine = _engine(config, precision)
         self._onnx: dict[int, OnnxTower] = {}  # id(tower) -> its exported session, built on first large call
+        self._int8: Any = None  # the passage tower with int8 FFN inputs, quantized on the first large call
         self.kind = kind
         self.pooling = pooling
         self.normalize = normalize
@@ -317,15 +346,16 @@ class Encoder:
         if len(titles) != len(texts):
             raise ValueError(f"encode_passages: {len(titles)} titles but {len(texts)} texts; pass one title per text")
         if self.kind == "dpr":
-            return self._encode(self.context, list(titles), list(texts), progress)
-        return self._encode(self.context, [f"{t}. {x}" for t, x in zip(titles, texts)], None, progress)
+            return self._encode(self.context, list(titles), list(texts), progress, passages=True)
+        return self._encode(self.context, [f"{t}. {x}" for t, x in zip(titles, texts)], None, progress,
+                            passages=True)
 
     def encode_questions(self, questions: Sequence[str], progress: Progress | None = None) -> np.ndarray:
         """float32 ``[n, dim]`` vectors of questions, in input order (the question tower when there is one)."""
         return self._encode(self.question or self.context, list(questions), None, progress)
 
     def _encode(self, tower: _Tower, first: list[str], second: list[str] | None,
-                progress: Progress | None) -> np.ndarray:
+                progress: Progress | None, passages: bool = False) -> np.ndarray:
         import torch
 
         out = np.empty((len(first), self.dim), dtype=np.float32)
@@ -338,7 +368,7 @@ class Encoder:
         # Longest first: the largest batch comes first, so memory peaks at once, not at the end.
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         pad_id = tower.tokenizer.pad_token_id or 0
-        model = self._model(tower, len(first))
+        model = self._model(tower, len(first), passages)
         with torch.inference_mode():
             for start in range(0, len(order), self.config.batch_size):
                 rows = order[start:start + self.config.batch_size]
@@ -358,8 +388,17 @@ class Encoder:
                     progress(len(rows))
         return out
 
-    def _model(self, tower: _Tower, n_texts: int) -> Any:
-        """The torch model, or its ONNX Runtime session for a large enough call (exported once)."""
+    def _model(self, tower: _Tower, n_texts: int, passages: bool = False) -> Any:
+        """The torch model, or for a large enough call its int8 copy (passages only) or ONNX Runtime session."""
+        if self.engine == "int8" and passages and n_texts >= int8_engine.MIN_TEXTS:
+            if self._int8 is None:
+                self._int8 = tower.model  # while it calibrates, its own calls (however large) run float32
+                try:
+                    self._int8 = self._quantized(tower)
+                except BaseException:
+                    self._int8 = None
+                    raise
+            return self._int8
         if self.engine != "onnx" or n_texts < onnx_engine.MIN_TEXTS:
             return tower.model
         if id(tower) not in self._onnx:
@@ -368,6 +407,22 @@ class Encoder:
             self._onnx[id(tower)] = onnx_engine.export_tower(tower.path, tower.model_cls, tower.output,
                                                              torch.get_num_threads())
         return self._onnx[id(tower)]
+
+    def _quantized(self, tower: _Tower) -> Any:
+        """The passage tower with int8 FFN inputs, calibrated on int8_engine's text in this encoder's format."""
+        titles, texts = int8_engine.calibration_texts()
+
+        def calibrate() -> None:
+            self.encode_passages(titles, texts)
+
+        start = time.perf_counter()
+        try:
+            model = int8_engine.quantize_tower(tower.model, calibrate)
+        except ValueError as exc:
+            raise EncoderError(f"{tower.path}: engine int8 needs a BERT-style encoder ({exc}); "
+                               "set engine to torch") from exc
+        log.info("encoder: FFN inputs quantized to int8 in %.1f s", time.perf_counter() - start)
+        return model
 
     def _forward(self, model: Any, input_ids: torch.Tensor, mask: torch.Tensor,
                  token_types: torch.Tensor) -> torch.Tensor:

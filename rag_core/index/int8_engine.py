@@ -1,0 +1,236 @@
+"""int8 FFN inputs for the passage tower on CPUs without native bf16 (``EncoderConfig(engine="int8")``).
+
+Why it exists: where bf16 is not native (an AVX2-only AMD EPYC), the encoder
+runs in float32 at ~80% of MKL's GEMM peak, so only fewer or cheaper
+multiplies make it faster. int8 GEMMs run ~2x float32's rate there, but
+int8 done crudely loses the vectors (torch's dynamic quantization: cosine
+0.876 against float32, docs/benchmarks.md). This engine quantizes only the
+Linears that cost little cosine (each layer's FFN input, a third of the
+encoder's GEMM FLOPs), and quantizes them carefully:
+
+- SmoothQuant's smoothing (Xiao et al., 2022): input channel j is divided by
+  ``s_j = sqrt(max|x_j| / max|W_:j|)`` and the weight column multiplied by it
+  (the same product in exact arithmetic), which moves activation outliers
+  into the weights;
+- activations quantized per token (dynamic, symmetric, 8 bits);
+- weights per output channel, symmetric, **7 bits**: without VNNI, oneDNN's
+  int8 GEMM (behind ``torch._int_mm``) adds pairs of u8 x s8 products in
+  16 bits and saturates unless weights stay within ±63 (bench/embed_bench.py
+  prints a table of it); and rounded by GPTQ (Frantar et al., 2022): columns
+  are rounded one at a time, in order of decreasing input energy, and each
+  rounding error is spread over the columns not yet rounded, weighted by the
+  inverse of the inputs' second moments. On real passages this halves the
+  cosine loss of rounding to nearest (min cosine 0.99912 -> 0.9995).
+
+The statistics (``max|x_j|`` and ``X^T X`` per layer) come from a float32 pass
+over :data:`CALIBRATION_FILE`, encyclopedic text written for this purpose
+(prose, lists of names, tables of figures, passages that start mid-sentence,
+as Wikipedia passages do), so the quantized weights depend on the model
+alone: every process, worker and machine that quantizes a model gets the
+same int8 weights, and vectors do not depend on which shard a passage was in.
+Quantizing takes a few seconds (the pass and the rounding), so the encoder
+does it on its first call of at least :data:`MIN_TEXTS` passages, never for
+questions.
+
+``engine="auto"`` (the default) picks this engine where ``dtype="auto"``
+resolved to float32 on a CPU and :func:`int8_probe_speedup` (the FFN-input
+GEMM, quantization included, against float32 on one thread) shows at least
+:data:`MIN_INT8_SPEEDUP`; an explicit ``dtype`` or ``engine`` wins.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+MIN_TEXTS = 256  # passages in one call before quantizing (~4 s on AVX2) pays for itself
+MIN_INT8_SPEEDUP = 1.3  # the probe's int8 rate over float32 for auto to pick this engine
+WEIGHT_BITS = 7  # exact on AVX2 kernels (see the module docstring); 8 saturates there
+SMOOTHING = 0.5  # SmoothQuant's alpha: 0.35-0.5 held the most cosine in trials, 0.8 lost it
+CALIBRATION_FILE = Path(__file__).with_name("int8_calibration.txt")
+_PROBE_SHAPE = (2048, 384, 1536)  # a batch of 16 passages' tokens x hidden @ hidden x FFN: one FFN input
+
+
+def is_ffn_input(name: str) -> bool:
+    """The FFN's input Linear of a BERT-style layer (BERT, DPR, MiniLM, RoBERTa all name it so)."""
+    return name.endswith("intermediate.dense")
+
+
+def calibration_texts() -> tuple[list[str], list[str]]:
+    """(titles, texts) of the calibration passages: ``Title. text`` a line."""
+    titles, texts = [], []
+    for line in CALIBRATION_FILE.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            title, _, text = line.partition(". ")
+            titles.append(title)
+            texts.append(text)
+    return titles, texts
+
+
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 rows and their float scales: symmetric, one scale per row (token). Overwrites ``x``."""
+    import torch
+
+    scale = x.abs().amax(1, keepdim=True).clamp_(min=1e-8).div_(127)
+    return x.div_(scale).round_().to(torch.int8), scale
+
+
+@functools.cache
+def _int8_linear_class() -> type:
+    """The int8 Linear module class, defined on first use (torch loads late)."""
+    import torch
+
+    class Int8Linear(torch.nn.Module):
+        """y = x W^T + b with x smoothed and quantized per token, W smoothed, GPTQ-rounded to 7 bits."""
+
+        def __init__(self, w_int8: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor,
+                     bias: torch.Tensor | None) -> None:
+            super().__init__()
+            self.register_buffer("w_int8", w_int8)  # [in, out], contiguous for _int_mm
+            self.register_buffer("w_scale", w_scale)  # [out]
+            self.register_buffer("inv_smooth", inv_smooth)  # [in]
+            self.register_buffer("bias", bias)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            rows, scale = _quantize_rows(x.reshape(-1, x.shape[-1]) * self.inv_smooth)
+            # int32 x float promotes: one pass converts and scales (the [tokens, 4 x hidden] result is the
+            # largest tensor of a layer, so every pass over it counts).
+            y = torch.mul(torch._int_mm(rows, self.w_int8), scale).mul_(self.w_scale)
+            if self.bias is not None:
+                y.add_(self.bias)
+            return y.view(*x.shape[:-1], -1)
+
+    return Int8Linear
+
+
+def gptq_round(w: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, qmax: int) -> torch.Tensor:
+    """Integer weights ``[out, in]`` for ``w`` (float64) on the grid ``scale[:, None] * k``, ``|k| <= qmax``.
+
+    Columns are rounded in order of decreasing ``diag(hessian)`` (the inputs' energy); each column's rounding
+    error is carried into the columns still to round through the upper Cholesky factor of the damped
+    ``hessian``'s inverse, so that ``X W^T`` (X the calibration inputs) changes least.
+    """
+    import torch
+
+    order = torch.argsort(torch.diag(hessian), descending=True)
+    w = w[:, order].clone()
+    h = hessian[order][:, order].clone()
+    dead = torch.diag(h) == 0  # an input channel that never fired: nothing to fit, round it alone
+    h[dead, dead] = 1
+    h += 0.01 * torch.diag(h).mean() * torch.eye(h.shape[0], dtype=h.dtype)  # damping, as in GPTQ
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.empty_like(w)
+    for i in range(w.shape[1]):
+        q[:, i] = (w[:, i] / scale).round().clamp(-qmax, qmax)
+        err = (w[:, i] - q[:, i] * scale) / u[i, i]
+        w[:, i + 1:] -= err[:, None] * u[i, i + 1:][None, :]
+    return q[:, torch.argsort(order)]
+
+
+def quantize_tower(model: Any, calibrate: Callable[[], Any]) -> Any:
+    """A copy of ``model`` whose FFN-input Linears run int8; ``calibrate()`` runs ``model`` over the calibration.
+
+    Raises ValueError when the model has no FFN-input Linear (not BERT-style).
+    """
+    import torch
+
+    targets = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and is_ffn_input(name)}
+    if not targets:
+        raise ValueError("no BERT-style FFN input Linear (a module named ...intermediate.dense)")
+    stats: dict[str, list] = {}
+
+    def record(name: str):
+        def hook(_module, inputs, _output):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
+            if name not in stats:
+                stats[name] = [x.abs().amax(0), x.T @ x]
+            else:
+                stats[name][0] = torch.maximum(stats[name][0], x.abs().amax(0))
+                stats[name][1] += x.T @ x
+        return hook
+
+    hooks = [m.register_forward_hook(record(name)) for name, m in targets.items()]
+    try:
+        calibrate()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    quantized = copy.deepcopy(model)
+    qmax = 2 ** (WEIGHT_BITS - 1) - 1
+    for name, linear in targets.items():
+        in_max, xtx = stats[name]
+        w = linear.weight.detach().double()  # [out, in]
+        smooth = in_max.clamp(min=1e-5) ** SMOOTHING / w.abs().amax(0).clamp(min=1e-5) ** (1 - SMOOTHING)
+        w = w * smooth
+        scale = w.abs().amax(1).clamp(min=1e-8) / qmax
+        q = gptq_round(w, xtx / smooth[:, None] / smooth[None, :], scale, qmax)
+        bias = linear.bias.detach().float().clone() if linear.bias is not None else None
+        module = _int8_linear_class()(q.to(torch.int8).t().contiguous(), scale.float(),
+                                      (1 / smooth).float(), bias)
+        parent, _, child = name.rpartition(".")
+        setattr(quantized.get_submodule(parent), child, module)
+    return quantized
+
+
+@functools.cache
+def int8_probe_speedup(repeats: int = 5) -> float:
+    """float32 time / int8 time of one FFN-input Linear (quantizing the input included), one thread, best of each.
+
+    The two alternate, so that a busy machine slows both alike. ~0.3 s where int8 runs on AVX2 kernels.
+    """
+    import torch
+
+    m, k, n = _PROBE_SHAPE
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(m, k)
+        w_t = torch.randn(k, n)
+        inv_smooth = torch.rand(k) + 0.5
+        w_int8 = torch.randint(-63, 64, (k, n), dtype=torch.int8)
+        # Outputs written in place: fresh 12 MiB results per call can leave a process in a state where glibc
+        # maps and faults them anew each time (half of fresh processes in trials, int8 then ~1.0x; encoding
+        # itself was not affected), and the probe is to compare the kernels.
+        acc, y = torch.empty(m, n, dtype=torch.int32), torch.empty(m, n)
+
+        def fp32():
+            torch.mm(x, w_t, out=y)
+
+        def int8():
+            rows, scale = _quantize_rows(x * inv_smooth)  # as Int8Linear.forward: smooth, then quantize
+            torch.mul(torch._int_mm(rows, w_int8, out=acc), scale, out=y)
+
+        best = {fp32: float("inf"), int8: float("inf")}
+        for _ in range(2):  # warm-up: oneDNN builds its primitive on the first call
+            for fn in best:
+                fn()
+        for _ in range(repeats):
+            for fn in best:
+                start = time.perf_counter()
+                fn()
+                best[fn] = min(best[fn], time.perf_counter() - start)
+        return best[fp32] / best[int8]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def decide_engine(requested: str, dtype_requested: str, dtype: str, device: str,
+                  probe: Callable[[], float]) -> tuple[str, str]:
+    """("int8" or "torch", why) for a requested engine "auto"; the rule is in the module docstring."""
+    if requested != "auto":
+        return requested, "asked for explicitly"
+    if device != "cpu" or dtype != "float32":
+        return "torch", f"{dtype} on {device}"
+    if dtype_requested != "auto":
+        return "torch", "float32 asked for explicitly"
+    speedup = probe()
+    if speedup < MIN_INT8_SPEEDUP:
+        return "torch", f"float32 on CPU, int8 probe only {speedup:.2f}x faster (< {MIN_INT8_SPEEDUP})"
+    return "int8", f"float32 on CPU, int8 probe {speedup:.1f}x faster"

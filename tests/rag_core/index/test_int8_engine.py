@@ -1,0 +1,133 @@
+"""The int8 engine: calibrated int8 FFN inputs hold the vectors, and the auto rule picks it only where it should."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rag_core
+from rag_core.hardware import Precision
+from rag_core.index import int8_engine
+from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, _engine, packaged_model_path
+from tests.conftest import SAMPLE_BZ2
+
+
+@pytest.fixture(scope="module")
+def passages(wiki: Path) -> tuple[list[str], list[str]]:
+    """300 real passages of the sample, every 14th: more than the engine's MIN_TEXTS, in one call."""
+    table, _, _ = rag_core.passages_from_pages(rag_core.iter_pages(rag_core.DumpSource(str(SAMPLE_BZ2))))
+    picked = table.take(np.arange(0, table.num_rows, 14)[:300])
+    assert picked.num_rows == 300 > int8_engine.MIN_TEXTS
+    return picked.column("title").to_pylist(), picked.column("text").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def float32_vectors(passages: tuple[list[str], list[str]]) -> np.ndarray:
+    return Encoder.load(EncoderConfig(dtype="float32", engine="torch")).encode_passages(*passages)
+
+
+def _int8_modules(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if type(m).__name__ == "Int8Linear"]
+
+
+def test_int8_vectors_stay_within_cosine_0999_of_float32_on_real_passages(
+        passages: tuple[list[str], list[str]], float32_vectors: np.ndarray) -> None:
+    encoder = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
+    assert encoder.engine == "int8" and encoder.fingerprint["engine"] == "int8"
+    # Interchangeable with float32 vectors, as bf16 ones are: the embedding files' key does not change.
+    assert encoder.fingerprint_id == Encoder.load(EncoderConfig(dtype="float32", engine="torch")).fingerprint_id
+    vectors = encoder.encode_passages(*passages)
+    assert _int8_modules(encoder._int8) == [f"encoder.layer.{i}.intermediate.dense" for i in range(6)]
+    cosine = (vectors * float32_vectors).sum(1)  # both L2-normalised
+    assert cosine.min() >= 0.999, f"worst passage at cosine {cosine.min():.5f}"
+    assert np.abs(vectors - float32_vectors).max() > 1e-4  # int8 did run: the vectors moved, a little
+    # Same weights from the same calibration text: another process, worker or machine gets the same vectors.
+    again = Encoder.load(EncoderConfig(dtype="float32", engine="int8")).encode_passages(*passages)
+    np.testing.assert_array_equal(again, vectors)
+
+
+def test_questions_and_small_calls_stay_float32(passages: tuple[list[str], list[str]],
+                                                float32_vectors: np.ndarray) -> None:
+    encoder = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
+    titles, texts = passages
+    small = encoder.encode_passages(titles[:20], texts[:20])
+    np.testing.assert_allclose(small, float32_vectors[:20], atol=1e-5)
+    questions = [f"what is {t}?" for t in titles]  # a large call, but of questions
+    reference = Encoder.load(EncoderConfig(dtype="float32", engine="torch")).encode_questions(questions)
+    np.testing.assert_allclose(encoder.encode_questions(questions), reference, atol=1e-5)
+    assert encoder._int8 is None  # nothing was quantized for them
+
+
+def test_calibrating_never_recurses_when_the_calibration_itself_is_a_large_call(
+        passages: tuple[list[str], list[str]], float32_vectors: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(int8_engine, "MIN_TEXTS", 16)  # the 57 calibration passages are a large call now
+    encoder = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
+    titles, texts = passages
+    vectors = encoder.encode_passages(titles[:64], texts[:64])
+    assert len(_int8_modules(encoder._int8)) == 6
+    assert (vectors * float32_vectors[:64]).sum(1).min() >= 0.999
+
+
+def test_gptq_rounding_fits_the_calibration_inputs_better_than_rounding_to_nearest() -> None:
+    generator = torch.Generator().manual_seed(0)
+    # Correlated input channels, as a layer's activations are (independent ones leave nothing to compensate).
+    x = torch.randn(2000, 16, generator=generator, dtype=torch.float64) @ torch.randn(16, 64, generator=generator,
+                                                                                       dtype=torch.float64)
+    x += 0.1 * torch.randn(2000, 64, generator=generator, dtype=torch.float64)
+    w = torch.randn(32, 64, generator=generator, dtype=torch.float64)
+    scale = w.abs().amax(1) / 63
+    nearest = (w / scale[:, None]).round().clamp(-63, 63)
+    gptq = int8_engine.gptq_round(w, x.T @ x, scale, 63)
+    assert gptq.abs().max() <= 63 and torch.equal(gptq, gptq.round())
+
+    def error(q: torch.Tensor) -> float:
+        return float(torch.linalg.norm(x @ (w - q * scale[:, None]).T))
+
+    assert error(gptq) < 0.5 * error(nearest)
+
+
+@pytest.mark.parametrize(("engine", "dtype_requested", "dtype", "device", "probe", "expected"), [
+    ("auto", "auto", "float32", "cpu", 1.8, ("int8", "float32 on CPU, int8 probe 1.8x faster")),
+    ("auto", "auto", "float32", "cpu", 1.1, ("torch", "float32 on CPU, int8 probe only 1.10x faster (< 1.3)")),
+    ("auto", "auto", "bfloat16", "cpu", 1.8, ("torch", "bfloat16 on cpu")),
+    ("auto", "auto", "float32", "cuda", 1.8, ("torch", "float32 on cuda")),
+    ("auto", "float32", "float32", "cpu", 1.8, ("torch", "float32 asked for explicitly")),
+    ("int8", "float32", "float32", "cpu", 0.5, ("int8", "asked for explicitly")),
+])
+def test_the_auto_rule_without_the_test_machines_cpu(engine, dtype_requested, dtype, device, probe, expected) -> None:
+    probed = []
+
+    def measured() -> float:
+        probed.append(True)
+        return probe
+
+    assert int8_engine.decide_engine(engine, dtype_requested, dtype, device, measured) == expected
+    # The probe runs only where its answer decides something.
+    assert bool(probed) == (engine == "auto" and expected[1].startswith("float32 on CPU"))
+
+
+def test_this_machines_auto_engine_follows_the_rule() -> None:
+    precision = Precision("float32", "for the test")
+    engine = _engine(EncoderConfig(), precision)
+    speedup = int8_engine.int8_probe_speedup()
+    assert speedup > 0 and engine == ("int8" if speedup >= int8_engine.MIN_INT8_SPEEDUP else "torch")
+    assert _engine(EncoderConfig(), Precision("bfloat16", "for the test")) == "torch"
+
+
+def test_int8_refuses_what_it_cannot_run(tmp_path: Path, passages: tuple[list[str], list[str]]) -> None:
+    with pytest.raises(EncoderError, match="engine int8 runs float32 models on CPU, not bfloat16 on cpu"):
+        Encoder.load(EncoderConfig(dtype="bfloat16", engine="int8"))
+    from transformers import DistilBertConfig, DistilBertModel
+
+    # A model without BERT's FFN naming (DistilBERT's is ffn.lin1): a clear error on the first large call.
+    DistilBertModel(DistilBertConfig(dim=32, hidden_dim=64, n_layers=1, n_heads=2)).save_pretrained(tmp_path / "d")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(packaged_model_path() / name, tmp_path / "d" / name)
+    encoder = Encoder.load(EncoderConfig(path=str(tmp_path / "d"), dtype="float32", engine="int8"))
+    with pytest.raises(EncoderError, match=r"/d: engine int8 needs a BERT-style encoder .*set engine to torch"):
+        encoder.encode_passages(*passages)
+    assert encoder._int8 is None
