@@ -107,7 +107,8 @@ def ingest_config(args: argparse.Namespace) -> IngestConfig:
 
 def rebuild_configs(args: argparse.Namespace) -> tuple[IngestConfig, EmbedConfig, IndexConfig, GateConfig]:
     """The flow's four configs from the flags given; a flag not given leaves the config's default."""
-    encoder = EncoderConfig(**given(args, path="encoder", question_path="question_encoder", dtype="encoder_dtype"))
+    encoder = EncoderConfig(**given(args, path="encoder", question_path="question_encoder", dtype="encoder_dtype",
+                                   engine="encoder_engine"))
     index = given(args, factory="factory", recall_target="recall_target")
     if args.memory_budget_gb is not None:
         index["memory_budget_bytes"] = int(args.memory_budget_gb * (1 << 30))
@@ -357,6 +358,9 @@ def add_index_rebuild(sub: Any) -> None:
     p.add_argument("--encoder-dtype", choices=typing.get_args(EncoderConfig.model_fields["dtype"].annotation),
                    help=f"weights dtype (default {default(EncoderConfig, 'dtype')}: "
                    f"{EncoderConfig.model_fields['dtype'].description.split('auto = ', 1)[-1]})")
+    p.add_argument("--encoder-engine", choices=typing.get_args(EncoderConfig.model_fields["engine"].annotation),
+                   help=f"what runs the passage encoder (default {default(EncoderConfig, 'engine')}: "
+                   f"{EncoderConfig.model_fields['engine'].description.split('auto = ', 1)[-1]})")
     p.add_argument("--factory", help="FAISS factory: Flat, HNSW32, IVF4096,PQ48, OPQ48,IVF4096,PQ48, or auto "
                    f"(default {default(IndexConfig, 'factory')}: chosen from size, memory budget and recall target)")
     p.add_argument("--shards", type=int, help=f"index shards (default: one per "

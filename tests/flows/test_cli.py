@@ -31,10 +31,11 @@ def test_no_flag_means_the_config_classes_defaults() -> None:
     args = build_parser().parse_args(["index-rebuild", "dump.xml.bz2"])
     assert rebuild_configs(args) == (IngestConfig(dump="dump.xml.bz2"), EmbedConfig(), IndexConfig(), GateConfig())
     args = build_parser().parse_args(["index-rebuild", "d", "--shards", "4", "--factory", "HNSW32", "--recall-queries",
-                                      "50", "--encoder-dtype", "float32", "--memory-budget-gb", "0.5"])
+                                      "50", "--encoder-dtype", "float32", "--memory-budget-gb", "0.5",
+                                      "--encoder-engine", "int8"])
     ingest, embed, index, gate = rebuild_configs(args)
     assert (embed.shards, embed.encoder, index.factory, index.memory_budget_bytes, gate.recall_queries) == (
-        4, EncoderConfig(dtype="float32"), "HNSW32", 1 << 29, 50)
+        4, EncoderConfig(dtype="float32", engine="int8"), "HNSW32", 1 << 29, 50)
     assert index.recall_target == IndexConfig().recall_target and ingest.words_per_passage == 100
 
 
@@ -44,6 +45,7 @@ def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFix
     assert f"(default {GateConfig().recall_queries})" in rebuild
     assert f"one per {EmbedConfig().passages_per_shard:,} passages, at least {EmbedConfig().min_shards}" in rebuild
     assert f"(default {EncoderConfig().dtype}: bf16 where" in rebuild and "{auto,float32,bfloat16}" in rebuild
+    assert f"(default {EncoderConfig().engine}: int8 FFN inputs for" in rebuild and "{auto,torch,int8,onnx}" in rebuild
     ingest = help_text(capsys, "ingest")
     for name in ("words_per_passage", "max_residue_rate", "shards"):
         assert f"(default {IngestConfig.model_fields[name].default}" in ingest
