@@ -7,11 +7,13 @@ and threads, in one process:
   ``normalize_embeddings=True``, ``max_seq_length`` = wikirag's ``max_length``:
   the reference for speed and for the vectors;
 * **wikirag** ``Encoder.encode_passages`` at ``EncoderConfig``'s default
-  batch size, three ways (each loaded with dtype and engine forced): float32
-  in torch, float32 in ONNX Runtime (``rag_core.index.onnx_engine``, when
-  ``wikirag[onnx]`` is installed; used for calls of >= 256 texts, so
-  ``--passages`` must be at least that), bfloat16 in torch. The row that
-  ``EncoderConfig()`` (dtype auto) picks on this machine is marked "(auto)":
+  batch size, four ways (each loaded with dtype and engine forced): float32
+  in torch; float32 with int8 FFN inputs (``rag_core.index.int8_engine``;
+  quantized on its first call of >= 256 passages, untimed); float32 in ONNX
+  Runtime (``rag_core.index.onnx_engine``, when ``wikirag[onnx]`` is
+  installed; used for calls of >= 256 texts, so ``--passages`` must be at
+  least that); bfloat16 in torch. The row that ``EncoderConfig()`` (dtype and
+  engine auto) picks on this machine is marked "(auto)":
   it is the headline.
 
 Both sides see ``f"{title}. {text}"`` of real passages: a seeded random
@@ -172,7 +174,7 @@ def int8_gemm_errors() -> dict[int, float]:
 def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
     from sentence_transformers import SentenceTransformer
 
-    from rag_core.index import onnx_engine
+    from rag_core.index import int8_engine, onnx_engine
     from rag_core.index.encoders import Encoder, EncoderConfig, packaged_model_path
 
     st = SentenceTransformer(str(packaged_model_path()), device="cpu")
@@ -184,7 +186,8 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
 
     rows = [Row("sentence-transformers encode()", "float32", ST_BATCH, st_encode)]
     auto = Encoder.load(EncoderConfig(max_length=max_length))
-    for dtype, engine in (("float32", "torch"), ("float32", "onnx"), ("bfloat16", "torch")):
+    engines = {"torch": "torch", "int8": "torch, int8 FFN inputs", "onnx": "ONNX Runtime"}
+    for dtype, engine in (("float32", "torch"), ("float32", "int8"), ("float32", "onnx"), ("bfloat16", "torch")):
         if engine == "onnx" and not onnx_engine.available():
             continue
         config = EncoderConfig(dtype=dtype, engine=engine, max_length=max_length,
@@ -193,10 +196,12 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
         if enc.fingerprint["passage_format"] != "{title}. {text}" or enc.max_length != max_length:
             raise SystemExit(f"wikirag encoder {enc.fingerprint}: not the format or length compared here")
         picked = (dtype, engine) == (auto.precision.dtype, auto.engine)
-        label = f"wikirag Encoder{' (auto)' if picked else ''}, {'ONNX Runtime' if engine == 'onnx' else 'torch'}"
+        label = f"wikirag Encoder{' (auto)' if picked else ''}, {engines[engine]}"
         slow_here = dtype == "bfloat16" and native != "bfloat16"  # float32 is never the slow one
-        rows.append(Row(label, dtype, config.batch_size, enc.encode_passages, subset=slow_here,
-                        warmup=onnx_engine.MIN_TEXTS if engine == "onnx" else WARMUP))
+        # The untimed first call is large enough to build what the engine builds once (export, quantization).
+        warmup = {"onnx": onnx_engine.MIN_TEXTS, "int8": int8_engine.MIN_TEXTS}.get(engine, WARMUP)
+        rows.append(Row(label, "int8 / float32" if engine == "int8" else dtype, config.batch_size,
+                        enc.encode_passages, subset=slow_here, warmup=warmup))
     return rows
 
 
@@ -411,6 +416,10 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         "order; cosine against sentence-transformers' float32 vectors (method in bench/README.md).",
         "",
         *table,
+        "",
+        *[f"The int8 engine's untimed first call ({r.warmup} passages) took {r.warm_s:.1f} s, quantizing included "
+          "(a float32 pass over its calibration text, then GPTQ rounding; once per process)." for r in rows
+          if "int8 FFN inputs" in r.label],
         "",
         *([f"Alternatives (`--alternatives`, never picked by `auto`): set-up beyond loading the model "
            f"(int8 SmoothQuant: calibrating on {CALIBRATION} other passages), "
