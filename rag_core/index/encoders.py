@@ -273,6 +273,8 @@ class Encoder:
         self.config = config
         self.precision = precision  # the dtype the weights run in, and why
         self.engine = _engine(config, precision)
+        if self.engine == "int8" and config.engine == "auto" and not int8_engine.has_ffn_inputs(context.model):
+            self.engine = "torch"  # auto never fails: a model int8 cannot run (not BERT-style) stays float32
         self._onnx: dict[int, OnnxTower] = {}  # id(tower) -> its exported session, built on first large call
         self._int8: Any = None  # the passage tower with int8 FFN inputs, quantized on the first large call
         self.kind = kind

@@ -35,7 +35,9 @@ questions.
 ``engine="auto"`` (the default) picks this engine where ``dtype="auto"``
 resolved to float32 on a CPU and :func:`int8_probe_speedup` (the FFN-input
 GEMM, quantization included, against float32 on one thread) shows at least
-:data:`MIN_INT8_SPEEDUP`; an explicit ``dtype`` or ``engine`` wins.
+:data:`MIN_INT8_SPEEDUP`, for a BERT-style model (others stay float32 under
+``auto``; an explicit ``engine="int8"`` refuses them); an explicit ``dtype``
+or ``engine`` wins.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ _PROBE_SHAPE = (2048, 384, 1536)  # a batch of 16 passages' tokens x hidden @ hi
 def is_ffn_input(name: str) -> bool:
     """The FFN's input Linear of a BERT-style layer (BERT, DPR, MiniLM, RoBERTa all name it so)."""
     return name.endswith("intermediate.dense")
+
+
+def has_ffn_inputs(model: Any) -> bool:
+    """Whether ``model`` has a Linear this engine quantizes (see :func:`is_ffn_input`)."""
+    import torch
+
+    return any(isinstance(m, torch.nn.Linear) and is_ffn_input(name) for name, m in model.named_modules())
 
 
 def calibration_texts() -> tuple[list[str], list[str]]:

@@ -11,7 +11,7 @@ import torch
 
 import rag_core
 from rag_core.hardware import Precision
-from rag_core.index import int8_engine
+from rag_core.index import encoders, int8_engine
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, _engine, packaged_model_path
 from tests.conftest import SAMPLE_BZ2
 
@@ -119,7 +119,8 @@ def test_this_machines_auto_engine_follows_the_rule() -> None:
     assert _engine(EncoderConfig(), Precision("bfloat16", "for the test")) == "torch"
 
 
-def test_int8_refuses_what_it_cannot_run(tmp_path: Path, passages: tuple[list[str], list[str]]) -> None:
+def test_int8_refuses_what_it_cannot_run_and_auto_passes_it_by(tmp_path: Path, passages: tuple[list[str], list[str]],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EncoderError, match="engine int8 runs float32 models on CPU, not bfloat16 on cpu"):
         Encoder.load(EncoderConfig(dtype="bfloat16", engine="int8"))
     from transformers import DistilBertConfig, DistilBertModel
@@ -132,3 +133,8 @@ def test_int8_refuses_what_it_cannot_run(tmp_path: Path, passages: tuple[list[st
     with pytest.raises(EncoderError, match=r"/d: engine int8 needs a BERT-style encoder .*set engine to torch"):
         encoder.encode_passages(*passages)
     assert encoder._int8 is None
+    # Where auto would pick int8 (an AVX2 CPU's decision, whatever this machine's), such a model runs float32.
+    monkeypatch.setattr(encoders, "_auto_engine", lambda *_: "int8")
+    automatic = Encoder.load(EncoderConfig(path=str(tmp_path / "d"), dtype="float32"))
+    assert automatic.engine == "torch" and automatic.fingerprint["engine"] == "torch"
+    assert Encoder.load(EncoderConfig(dtype="float32")).engine == "int8"  # the BERT-style default keeps it
