@@ -20,7 +20,8 @@ encoder's GEMM FLOPs), and quantizes them carefully:
   are rounded one at a time, in order of decreasing input energy, and each
   rounding error is spread over the columns not yet rounded, weighted by the
   inverse of the inputs' second moments. On real passages this halves the
-  cosine loss of rounding to nearest (min cosine 0.99912 -> 0.9995).
+  cosine loss of rounding to nearest (min cosine 0.99916 -> 0.99952 in the
+  embedding bench held to AVX2).
 
 The statistics (``max|x_j|`` and ``X^T X`` per layer) come from a float32 pass
 over :data:`CALIBRATION_FILE`, encyclopedic text written for this purpose
