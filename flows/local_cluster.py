@@ -15,7 +15,9 @@ passage encoding in a worker ran ~20% slower than in a plain process
 thresholds instead: :data:`NANNY_ENVIRONMENT` for workers started by
 ``dask worker`` (services, infra/), :func:`keep_glibc_malloc` for the local
 cluster, and :func:`without_dask_trim` for the environments a process hands on
-after a nanny of its own left Dask's value there.
+after a nanny of its own left Dask's value there. Where a worker then loads a
+model on CPU, :func:`rag_core.hardware.keep_freed_memory` fixes both
+thresholds high, which removes the remaining page faults.
 
 A worker whose heartbeat meets a scheduler that is closing logs
 ``distributed.worker - ERROR - Failed to communicate with scheduler during
