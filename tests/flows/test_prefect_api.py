@@ -1,9 +1,12 @@
-"""The Prefect API a command gets: work given to it overlaps its server's boot, and a failure stops that server."""
+"""The Prefect API a command gets: work given to it overlaps its server's boot, a failure stops that server, and a
+fresh home's server starts from a migrated database template."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -11,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.prefect_api import _healthy, prefect_api
+from flows.prefect_api import _healthy, prefect_api, template_path
+from rag_core.errors import WikiragError
 from tests.flows.test_stopping import REPO, _descendants, _still_running
 
 # What the commands' ``meanwhile`` does, in a fresh process (where nothing has imported Prefect yet).
@@ -81,3 +85,71 @@ def test_a_flow_imported_while_the_server_boots_talks_to_that_server(tmp_path: P
     assert seen["prefect_before"] is False  # the CLI leaves Prefect's import to the flow modules
     assert seen["prefect_url"] == seen["url"] and seen["answered"] is False
     assert seen["imported"] == ["flows.index_rebuild", "flows.evaluate", "flows.finetune"]
+
+
+# A flow run against the server at PREFECT_API_URL, in a fresh process.
+TINY_FLOW = textwrap.dedent("""
+    from prefect import flow
+
+    @flow(name="template-check")
+    def check() -> int:
+        return 42
+
+    print(check())
+""")
+
+
+def _block_type_ids(database: Path) -> set[str]:
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        return {row[0] for row in db.execute("SELECT id FROM block_type")}
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Servers started here (not the session's), with a cache of their own for the database template."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.mark.usefixtures("own_cache")
+def test_a_fresh_home_boots_from_the_database_template_that_the_first_server_left(tmp_path: Path) -> None:
+    template = template_path()
+    assert template.parent == tmp_path / "cache" / "wikirag" and not template.exists()
+
+    with prefect_api(tmp_path / "first"):
+        pass
+    with contextlib.closing(sqlite3.connect(template)) as db:  # migrated, with Prefect's block types, no run
+        assert db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone()[0] == 0
+    registered = _block_type_ids(template)
+    assert registered
+
+    second = tmp_path / "second"
+    with prefect_api(second) as url:
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_HOME"} | {"PREFECT_API_URL": url,
+                                                                                "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, "-c", TINY_FLOW], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "42", proc.stderr[-2000:]
+    # The second server started from a copy (a migration of its own would have registered new ids) and ran on it.
+    assert _block_type_ids(second / "prefect.db") == registered
+    with contextlib.closing(sqlite3.connect(second / "prefect.db")) as db:
+        assert db.execute("SELECT count(*) FROM flow_run WHERE state_type = 'COMPLETED'").fetchone()[0] == 1
+    with contextlib.closing(sqlite3.connect(template)) as db:  # the template itself is left as it was
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone()[0] == 0
+
+
+@pytest.mark.usefixtures("own_cache")
+def test_a_template_that_a_server_cannot_start_from_is_dropped_and_the_next_start_migrates_afresh(
+        tmp_path: Path) -> None:
+    template = template_path()
+    template.parent.mkdir(parents=True)
+    template.write_bytes(b"not a database " * 100)  # e.g. a disk that filled up while it was written elsewhere
+
+    with pytest.raises(WikiragError, match="the local Prefect server exited"), prefect_api(tmp_path / "first"):
+        pytest.fail("no server should answer on a broken database")
+    assert not template.exists()
+    with prefect_api(tmp_path / "second") as url:
+        assert _healthy(url)
+    assert _block_type_ids(template)  # a good template again, from the fresh migration
