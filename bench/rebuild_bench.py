@@ -161,6 +161,9 @@ def report(info: RunInfo, args: argparse.Namespace, ours: list[tuple[float, dict
         "",
         f"Top passage for \"{QUESTION}\" from the script's index: \"{t_meta['top']}...\".",
         "",
+        f"Prefect database template (flows/prefect_api.py): {args.template_note}. wikirag's local server starts "
+        "from it in a fresh home; without one, the first server on a machine migrates its own (~9 s more).",
+        "",
     ]
     return "\n".join(lines)
 
@@ -184,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.sample.exists():
         log(f"skipped: {args.sample} is missing (the real sample lives in ../shared/data); pass --sample PATH")
         return
+    from flows.prefect_api import template_path
+
+    args.template_note = "present at start" if template_path().is_file() else "none at start (the first run made it)"
     info = RunInfo.start()
     ours, theirs = [], []
     for rep in range(args.repeats):
