@@ -78,8 +78,11 @@ def test_a_flow_imported_while_the_server_boots_talks_to_that_server(tmp_path: P
     """The commands import their flow's module (Prefect, Dask: seconds) as ``meanwhile``: Prefect, first imported
     there, must read the URL of the server still booting, not start a temporary server of its own."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    # An empty cache: no database template, so the server migrates (~10 s) and is surely still booting while
+    # the imports run (from a template it can answer before they end, and "still booting" is not checked).
+    env |= {"PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-c", FLOW_IMPORTS, str(tmp_path / "prefect")], cwd=REPO,
-                          env=env | {"PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["prefect_before"] is False  # the CLI leaves Prefect's import to the flow modules
