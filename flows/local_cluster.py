@@ -40,12 +40,13 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
+from rag_core.hardware import DASK_TRIM_DEFAULT
+
 log = logging.getLogger("wikirag")
 CLOSE_TIMEOUT_S = 15.0
 # Dask reads this at import; a value of None removes the variable from what the nanny sets (its other defaults,
 # one OpenMP/MKL/OpenBLAS thread, stay).
 NANNY_ENVIRONMENT = {"DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}"}
-DASK_TRIM_DEFAULT = "65536"  # what Dask's nanny sets
 
 
 def without_dask_trim(environ: Mapping[str, str]) -> dict[str, str]:

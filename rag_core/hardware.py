@@ -176,7 +176,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 << 20  # glibc's maximum: blocks below it come from the heap and are reused
 TRIM_THRESHOLD = 512 << 20  # freed heap kept for reuse before any goes back to the OS
 _MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
-_DASK_TRIM_DEFAULT = "65536"  # what a plain Dask nanny exports; not a user's choice
+DASK_TRIM_DEFAULT = "65536"  # what a plain Dask nanny exports as MALLOC_TRIM_THRESHOLD_; not a user's choice
 
 
 @functools.cache
@@ -185,18 +185,17 @@ def keep_freed_memory() -> bool:
 
     Why: a forward pass allocates its activations anew on every batch (an encoder batch: several tensors of
     10-25 MiB). Under glibc's adaptive thresholds, many of them become fresh ``mmap``s (or heap that was
-    trimmed) whose pages fault in again on first touch: ~1,000 page faults per passage encoded, at a few
-    microseconds each in a VM, and whether a process falls into that pattern varies from process to process
-    (an int8 FFN-input GEMM with its quantization ran at 1.0x float32 in some fresh processes and 1.8x in
-    others). Fixing the mmap threshold at glibc's maximum and keeping up to :data:`TRIM_THRESHOLD` of freed
-    heap brings that to ~0 faults per passage. The cost is memory the process keeps after a peak (at most
+    trimmed) whose pages fault in again on first touch: 1,500-2,000 page faults per passage encoded in
+    tests/rag_core/test_hardware.py, each a trip into the kernel (dearer in a VM), and how often varies from
+    process to process. Fixing the mmap threshold at glibc's maximum and keeping up to :data:`TRIM_THRESHOLD`
+    of freed heap brought that to 2-170 there. The cost is memory the process keeps after a peak (at most
     the trim threshold above what it uses).
 
     Returns whether the thresholds were set: not on a libc without ``mallopt`` (musl, macOS), nor where the
     environment already sets a malloc threshold (a user's tuning wins; Dask's nanny default does not count).
     """
     user_set = [k for k in _MALLOC_ENV if k in os.environ
-                and not (k == "MALLOC_TRIM_THRESHOLD_" and os.environ[k] == _DASK_TRIM_DEFAULT)]
+                and not (k == "MALLOC_TRIM_THRESHOLD_" and os.environ[k] == DASK_TRIM_DEFAULT)]
     if user_set or not sys.platform.startswith("linux"):
         return False
     try:
