@@ -21,6 +21,7 @@ ORDER = ["ingest", "embedding", "embedding-amd", "embedding-avx2-amd", "index", 
          "worker-malloc-avx2", "rebuild-avx2", "rebuild-avx2-amd"]
 TITLES = {"ingest": "Ingest", "embedding": "Embedding", "embedding-amd": "Embedding on an AMD EPYC with AVX512-BF16",
           "embedding-avx2-amd": "Embedding on an AMD EPYC held to AVX2",
+          "prefect-boot": "Local Prefect server boot",
           "index": "Index", "load": "Search under load", "decoding": "Decoding", "answers": "Answer quality",
           "answer_speed": "Answer speed", "train": "Fine-tuning",
           "train-avx2": "Fine-tuning on an AVX2-only CPU (float32)",

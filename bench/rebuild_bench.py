@@ -162,7 +162,7 @@ def report(info: RunInfo, args: argparse.Namespace, ours: list[tuple[float, dict
         f"Top passage for \"{QUESTION}\" from the script's index: \"{t_meta['top']}...\".",
         "",
         f"Prefect database template (flows/prefect_api.py): {args.template_note}. wikirag's local server starts "
-        "from it in a fresh home; without one, the first server on a machine migrates its own (~9 s more).",
+        "from it in a fresh home; without one, the first server on a machine migrates its own (~8 s more, bench/prefect_boot_bench.py).",
         "",
     ]
     return "\n".join(lines)

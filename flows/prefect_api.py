@@ -6,11 +6,12 @@ temporary server on one SQLite file ("database is locked").  So when no API
 is configured we start one real server on loopback and export its URL before
 any worker is spawned.
 
-A fresh server spends most of its boot (~9 of ~13 s on 2 cores) migrating an
-empty SQLite database. The first one that boots on a fresh database therefore
+A fresh server spends half of its boot or more migrating an empty SQLite
+database. The first one that boots on a fresh database therefore
 leaves a snapshot of it, migrated and still empty of runs, in the user's cache
 (:func:`template_path`, one per Prefect version), and later servers in a fresh
-``PREFECT_HOME`` start from a copy of it (~4 s). Prefect still checks the
+``PREFECT_HOME`` start from a copy of it (15.1 s -> 6.9 s median on 2 cores,
+bench/prefect_boot_bench.py). Prefect still checks the
 schema at each start and migrates whatever is missing, so a template can only
 save time; a server that fails to start from one removes it.
 """
@@ -207,7 +208,7 @@ def prefect_api(prefect_home: Path, startup_timeout: float = 90.0,
     """Yield an API URL: the configured one, the workspace's server, or one started for this command.
 
     ``meanwhile`` runs once before the yield, while a server started here boots in its own process (a fresh
-    one takes 10-25 s on 2 cores, ~4 s from the database template), so that work which needs no API overlaps
+    one takes 10-25 s on 2 cores, about half that from the database template), so that work which needs no API overlaps
     the wait.
     """
     configured = os.environ.get("PREFECT_API_URL") or workspace_server(prefect_home)
