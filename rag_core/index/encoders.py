@@ -411,20 +411,26 @@ class Encoder:
         return self._onnx[id(tower)]
 
     def _quantized(self, tower: _Tower) -> Any:
-        """The passage tower with int8 FFN inputs, calibrated on int8_engine's text in this encoder's format."""
-        titles, texts = int8_engine.calibration_texts()
-
-        def calibrate() -> None:
-            self.encode_passages(titles, texts)
-
+        """The passage tower with int8 FFN inputs: from the user's cache, else calibrated on int8_engine's text."""
+        path = int8_engine.cache_path(int8_engine.cache_key(self.fingerprint_id))
         start = time.perf_counter()
+        weights = int8_engine.read_cached(path, tower.model)
+        if weights is not None:
+            log.info("encoder: int8 FFN inputs read from %s in %.2f s", path, time.perf_counter() - start)
+            return int8_engine.swap_in(tower.model, weights)
         try:
-            model = int8_engine.quantize_tower(tower.model, calibrate)
+            weights = int8_engine.int8_weights(tower.model, self._calibration_pass)
         except ValueError as exc:
             raise EncoderError(f"{tower.path}: engine int8 needs a BERT-style encoder ({exc}); "
                                "set engine to torch") from exc
-        log.info("encoder: FFN inputs quantized to int8 in %.1f s", time.perf_counter() - start)
-        return model
+        kept = int8_engine.write_cached(path, weights)
+        log.info("encoder: FFN inputs quantized to int8 in %.1f s%s", time.perf_counter() - start,
+                 f" (kept in {path})" if kept else "")
+        return int8_engine.swap_in(tower.model, weights)
+
+    def _calibration_pass(self) -> None:
+        """Encode int8_engine's calibration text as passages (float32: see _model), for its statistics."""
+        self.encode_passages(*int8_engine.calibration_texts())
 
     def _forward(self, model: Any, input_ids: torch.Tensor, mask: torch.Tensor,
                  token_types: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,10 @@ alone: every process, worker and machine that quantizes a model gets the
 same int8 weights, and vectors do not depend on which shard a passage was in.
 Quantizing takes a few seconds (the pass and the rounding), so the encoder
 does it on its first call of at least :data:`MIN_TEXTS` passages, never for
-questions.
+questions, and keeps the result in the user's cache
+(``~/.cache/wikirag/int8/``, :func:`cache_path`): later processes, e.g. each
+Dask worker of the next rebuild, read it back instead. A damaged or
+unwritable cache costs only the time to quantize again.
 
 ``engine="auto"`` (the default) picks this engine where ``dtype="auto"``
 resolved to float32 on a CPU and :func:`int8_probe_speedup` (the FFN-input
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +56,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("wikirag")
 
 MIN_TEXTS = 256  # passages in one call before quantizing (~4 s on AVX2) pays for itself
 MIN_INT8_SPEEDUP = 1.3  # the probe's int8 rate over float32 for auto to pick this engine
@@ -144,14 +150,15 @@ def gptq_round(w: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, qmax
     return q[:, torch.argsort(order)]
 
 
-def quantize_tower(model: Any, calibrate: Callable[[], Any]) -> Any:
-    """A copy of ``model`` whose FFN-input Linears run int8; ``calibrate()`` runs ``model`` over the calibration.
+def int8_weights(model: Any, calibrate: Callable[[], Any]) -> dict[str, torch.Tensor]:
+    """What :func:`swap_in` needs to run ``model``'s FFN inputs int8; ``calibrate()`` runs ``model`` over the text.
 
-    Raises ValueError when the model has no FFN-input Linear (not BERT-style).
+    Keys are ``<module name>.<buffer>`` (``w_int8``, ``w_scale``, ``inv_smooth`` and ``bias`` where the Linear has
+    one). Raises ValueError when the model has no FFN-input Linear (not BERT-style).
     """
     import torch
 
-    targets = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and is_ffn_input(name)}
+    targets = _targets(model)
     if not targets:
         raise ValueError("no BERT-style FFN input Linear (a module named ...intermediate.dense)")
     stats: dict[str, list] = {}
@@ -172,8 +179,8 @@ def quantize_tower(model: Any, calibrate: Callable[[], Any]) -> Any:
     finally:
         for hook in hooks:
             hook.remove()
-    quantized = copy.deepcopy(model)
     qmax = 2 ** (WEIGHT_BITS - 1) - 1
+    weights: dict[str, torch.Tensor] = {}
     for name, linear in targets.items():
         in_max, xtx = stats[name]
         w = linear.weight.detach().double()  # [out, in]
@@ -181,12 +188,118 @@ def quantize_tower(model: Any, calibrate: Callable[[], Any]) -> Any:
         w = w * smooth
         scale = w.abs().amax(1).clamp(min=1e-8) / qmax
         q = gptq_round(w, xtx / smooth[:, None] / smooth[None, :], scale, qmax)
-        bias = linear.bias.detach().float().clone() if linear.bias is not None else None
-        module = _int8_linear_class()(q.to(torch.int8).t().contiguous(), scale.float(),
-                                      (1 / smooth).float(), bias)
+        weights[f"{name}.w_int8"] = q.to(torch.int8).t().contiguous()
+        weights[f"{name}.w_scale"] = scale.float()
+        weights[f"{name}.inv_smooth"] = (1 / smooth).float()
+        if linear.bias is not None:
+            weights[f"{name}.bias"] = linear.bias.detach().float().clone()
+    return weights
+
+
+def _targets(model: Any) -> dict[str, Any]:
+    import torch
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and is_ffn_input(name)}
+
+
+def fits(model: Any, weights: dict[str, torch.Tensor]) -> bool:
+    """Whether ``weights`` are int8 weights of exactly ``model``'s FFN inputs, with their shapes and dtypes."""
+    import torch
+
+    expected = {}
+    for name, linear in _targets(model).items():
+        out_features, in_features = linear.weight.shape
+        expected[f"{name}.w_int8"] = (torch.int8, (in_features, out_features))
+        expected[f"{name}.w_scale"] = (torch.float32, (out_features,))
+        expected[f"{name}.inv_smooth"] = (torch.float32, (in_features,))
+        if linear.bias is not None:
+            expected[f"{name}.bias"] = (torch.float32, (out_features,))
+    return bool(expected) and {k: (t.dtype, tuple(t.shape)) for k, t in weights.items()} == expected
+
+
+def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
+    """A copy of ``model`` whose FFN-input Linears are :func:`int8_weights`' int8 modules (``model`` is untouched)."""
+    quantized = copy.deepcopy(model)
+    for name in _targets(model):
+        module = _int8_linear_class()(weights[f"{name}.w_int8"], weights[f"{name}.w_scale"],
+                                      weights[f"{name}.inv_smooth"], weights.get(f"{name}.bias"))
         parent, _, child = name.rpartition(".")
         setattr(quantized.get_submodule(parent), child, module)
     return quantized
+
+
+# -- the user's cache of quantized weights -----------------------------------------------------------------------
+# Quantizing costs each process ~4-5 s on AVX2 (a float32 pass over the calibration text, then GPTQ), every Dask
+# worker of every rebuild. The result depends only on the model, the passage format and the recipe below, so it is
+# kept in the user's cache, as pip and Hugging Face keep theirs, and read back in ~0.1 s.
+
+CACHE_FORMAT = 1  # bump when int8_weights' recipe changes what it computes: old files then stop matching a key
+
+
+def cache_key(passage_fingerprint_id: str) -> str:
+    """The file name stem of the cached int8 weights of the passage encoder ``passage_fingerprint_id``."""
+    import hashlib
+    import json
+
+    import torch
+
+    recipe = {
+        "encoder": passage_fingerprint_id,  # weights, passage format, max_length: what the calibration pass sees
+        "calibration_sha256": hashlib.sha256(CALIBRATION_FILE.read_bytes()).hexdigest(),
+        "weight_bits": WEIGHT_BITS, "smoothing": SMOOTHING, "format": CACHE_FORMAT,
+        "torch": ".".join(torch.__version__.split(".")[:2]),
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_path(key: str) -> Path:
+    """``$XDG_CACHE_HOME/wikirag/int8/<key>.pt`` (``~/.cache`` when XDG_CACHE_HOME is unset)."""
+    import os
+
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wikirag" / "int8" / f"{key}.pt"
+
+
+def read_cached(path: Path, model: Any) -> dict[str, torch.Tensor] | None:
+    """The int8 weights kept at ``path`` for ``model``; None when there are none (or, after a warning, none usable)."""
+    import torch
+
+    if not path.exists():
+        return None
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torn, truncated or not ours: quantize again and overwrite it
+        log.warning("%s: unreadable cached int8 weights (%s: %s); quantizing again and replacing it",
+                    path, type(exc).__name__, str(exc)[:120])
+        return None
+    if not isinstance(weights, dict) or not fits(model, weights):
+        log.warning("%s: cached int8 weights do not fit this model's FFN inputs; quantizing again and replacing it",
+                    path)
+        return None
+    return weights
+
+
+def write_cached(path: Path, weights: dict[str, torch.Tensor]) -> bool:
+    """Keep ``weights`` at ``path`` (written aside, then renamed: readers never see half a file). False if it failed."""
+    import os
+    import tempfile
+
+    import torch
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(weights, f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:  # a read-only or full home: the next process quantizes again, nothing else changes
+        log.warning("could not keep the int8 weights in %s (%s); each process will quantize again",
+                    path, exc.strerror or exc)
+        return False
+    return True
 
 
 @functools.cache

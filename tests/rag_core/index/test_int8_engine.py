@@ -30,6 +30,13 @@ def float32_vectors(passages: tuple[list[str], list[str]]) -> np.ndarray:
     return Encoder.load(EncoderConfig(dtype="float32", engine="torch")).encode_passages(*passages)
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache of int8 weights for each test: each quantizes for itself, and the user's cache is untouched."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 def _int8_modules(model: torch.nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if type(m).__name__ == "Int8Linear"]
 
@@ -47,7 +54,8 @@ def test_int8_vectors_stay_within_cosine_0999_of_float32_on_real_passages(
     assert np.abs(vectors - float32_vectors).max() > 1e-4  # int8 did run: the vectors moved, a little
     # Same weights from the same calibration text: another process, worker or machine gets the same vectors.
     other = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
-    again = other._quantized(other.context).state_dict()
+    again = int8_engine.swap_in(other.context.model,
+                                int8_engine.int8_weights(other.context.model, other._calibration_pass)).state_dict()
     assert all(torch.equal(tensor, again[name]) for name, tensor in encoder._int8.state_dict().items())
 
 
@@ -71,6 +79,52 @@ def test_calibrating_never_recurses_when_the_calibration_itself_is_a_large_call(
     vectors = encoder.encode_passages(titles[:64], texts[:64])
     assert len(_int8_modules(encoder._int8)) == 6
     assert (vectors * float32_vectors[:64]).sum(1).min() >= 0.999
+
+
+def test_quantized_weights_are_kept_in_the_users_cache_and_read_back(
+        passages: tuple[list[str], list[str]], own_cache: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(int8_engine, "MIN_TEXTS", 16)
+    titles, texts = passages[0][:64], passages[1][:64]
+    first = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
+    vectors = first.encode_passages(titles, texts)
+    folder = own_cache / "wikirag" / "int8"
+    assert [p.name for p in folder.iterdir()] == [f"{int8_engine.cache_key(first.fingerprint_id)}.pt"]  # no .tmp
+
+    calibrations = []
+    quantize = int8_engine.int8_weights
+
+    def counted(model: torch.nn.Module, calibrate) -> dict:
+        calibrations.append(model)
+        return quantize(model, calibrate)
+
+    monkeypatch.setattr(int8_engine, "int8_weights", counted)
+    # The next process (another encoder of the same model) reads the weights back instead of calibrating.
+    second = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
+    np.testing.assert_array_equal(second.encode_passages(titles, texts), vectors)
+    assert not calibrations and len(_int8_modules(second._int8)) == 6
+    kept = next(folder.iterdir())
+    weights = int8_engine.read_cached(kept, second.context.model)
+    assert weights is not None and not int8_engine.fits(
+        second.context.model, {k: v for k, v in weights.items() if not k.endswith(".bias")})
+
+    # A torn file: a warning that names it, quantized again, and replaced by a whole one.
+    kept.write_bytes(kept.read_bytes()[:4096])
+    with caplog.at_level("WARNING", logger="wikirag"):
+        torn = Encoder.load(EncoderConfig(dtype="float32", engine="int8")).encode_passages(titles, texts)
+    np.testing.assert_array_equal(torn, vectors)
+    assert len(calibrations) == 1 and f"{kept}: unreadable cached int8 weights" in caplog.text
+    assert int8_engine.read_cached(kept, second.context.model) is not None
+
+    # A cache that cannot be written (here: a file where the folder would be) costs only the time to quantize.
+    blocked = own_cache.parent / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="wikirag"):
+        unkept = Encoder.load(EncoderConfig(dtype="float32", engine="int8")).encode_passages(titles, texts)
+    np.testing.assert_array_equal(unkept, vectors)
+    assert len(calibrations) == 2 and "could not keep the int8 weights in" in caplog.text
 
 
 def test_gptq_rounding_fits_the_calibration_inputs_better_than_rounding_to_nearest() -> None:
