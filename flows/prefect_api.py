@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import sqlite3
@@ -39,8 +40,32 @@ from rag_core.errors import WikiragError
 log = logging.getLogger("wikirag.prefect")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for bind(0) and outgoing connections (Linux; its default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port that is free now, from below the kernel's ephemeral range when one is free there.
+
+    The server binds it seconds later. A port from bind(0) lies in the ephemeral range, which the kernel also
+    hands to every outgoing connection and bind(0) on the machine, so one of those could take it in between
+    and the server would fail to start; below the range a port goes only to whoever asks for it by number.
+    """
+    low, _ = _ephemeral_range()
+    band = range(max(1024, low - 12000), low)
+    for port in random.SystemRandom().sample(band, min(64, len(band))):  # unseeded: concurrent commands differ
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded band: a port from the ephemeral range beats not starting
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

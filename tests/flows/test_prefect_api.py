@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from flows import prefect_api as prefect_api_module
 from flows.prefect_api import _healthy, prefect_api, template_path
 from rag_core.errors import WikiragError
 from tests.flows.test_stopping import REPO, _descendants, _still_running
@@ -156,3 +158,19 @@ def test_a_template_that_a_server_cannot_start_from_is_dropped_and_the_next_star
     with prefect_api(tmp_path / "second") as url:
         assert _healthy(url)
     assert _block_type_ids(template)  # a good template again, from the fresh migration
+
+
+def test_server_ports_come_from_below_the_ephemeral_range_and_from_it_only_when_that_is_full(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    low, _ = prefect_api_module._ephemeral_range()
+    ports = [prefect_api_module._free_port() for _ in range(20)]
+    # Below the range, no outgoing connection or bind(0) on the machine can take the port before the server binds it.
+    assert all(1024 <= port < low for port in ports) and len(set(ports)) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # free indeed
+    real = prefect_api_module._ephemeral_range()
+    monkeypatch.setattr(prefect_api_module, "_ephemeral_range", lambda: (1024, 60999))  # nothing below it
+    fallback = prefect_api_module._free_port()
+    assert real[0] <= fallback <= real[1]  # the kernel's bind(0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", fallback))
