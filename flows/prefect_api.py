@@ -36,6 +36,7 @@ from pathlib import Path
 
 from flows.process_groups import die_with_parent, stop_process_group
 from rag_core.errors import WikiragError
+from rag_core.storage import user_cache_dir
 
 log = logging.getLogger("wikirag.prefect")
 
@@ -96,8 +97,7 @@ _DATABASE_SETTINGS = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DAT
 
 def template_path() -> Path:
     """Where a migrated, empty Prefect database for this Prefect version is kept (the user's cache)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "wikirag" / f"prefect-{importlib.metadata.version('prefect')}.db"
+    return user_cache_dir() / f"prefect-{importlib.metadata.version('prefect')}.db"
 
 
 def _database(prefect_home: Path) -> Path | None:

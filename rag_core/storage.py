@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import posixpath
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -42,6 +44,12 @@ _RERUN_HINT = "then rerun (a rebuild reuses finished work)"
 # Connection refused, reset or timed out, after botocore's retries (names: no common base we can import cheaply).
 _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ReadTimeoutError",
                 "ConnectionClosedError", "ServerDisconnectedError"}
+
+
+def user_cache_dir() -> Path:
+    """This machine's cache of things wikirag can always make again (``$XDG_CACHE_HOME/wikirag``, else
+    ``~/.cache/wikirag``): the Prefect database template, int8 encoder weights. Never a store's data."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wikirag"
 
 
 def join_url(base: str, *parts: str) -> str:

@@ -253,10 +253,10 @@ def cache_key(passage_fingerprint_id: str) -> str:
 
 
 def cache_path(key: str) -> Path:
-    """``$XDG_CACHE_HOME/wikirag/int8/<key>.pt`` (``~/.cache`` when XDG_CACHE_HOME is unset)."""
-    import os
+    """``<user cache>/int8/<key>.pt`` (:func:`rag_core.storage.user_cache_dir`: ``~/.cache/wikirag`` by default)."""
+    from rag_core.storage import user_cache_dir
 
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wikirag" / "int8" / f"{key}.pt"
+    return user_cache_dir() / "int8" / f"{key}.pt"
 
 
 def read_cached(path: Path, model: Any) -> dict[str, torch.Tensor] | None:
