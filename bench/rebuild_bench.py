@@ -165,7 +165,7 @@ def report(info: RunInfo, args: argparse.Namespace, ours: list[tuple[float, dict
         "from it in a fresh home; without one, the first server on a machine migrates its own (~8 s more, bench/prefect_boot_bench.py).",
         "",
         f"Cached int8 weights (rag_core/index/int8_engine.py, `~/.cache/wikirag/int8/`): {args.int8_note}. Where the "
-        "int8 engine runs, each Dask worker reads them instead of quantizing (~4-5 s of each worker's start on AVX2).",
+        "int8 engine runs, each Dask worker reads them instead of quantizing at its start.",
         "",
     ]
     return "\n".join(lines)
@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> None:
         log(f"skipped: {args.sample} is missing (the real sample lives in ../shared/data); pass --sample PATH")
         return
     from flows.prefect_api import template_path
-    from rag_core.index.int8_engine import cache_path
+    from rag_core.index.int8_engine import cache_folder
 
     args.template_note = "present at start" if template_path().is_file() else "none at start (the first run made it)"
-    kept = sorted(cache_path("any").parent.glob("*.pt"))
+    kept = sorted(cache_folder().glob("*.pt"))
     args.int8_note = (f"{len(kept)} file(s) present at start" if kept
                       else "none at start (the first run that ran int8 made them)")
     info = RunInfo.start()

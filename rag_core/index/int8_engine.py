@@ -74,9 +74,7 @@ def is_ffn_input(name: str) -> bool:
 
 def has_ffn_inputs(model: Any) -> bool:
     """Whether ``model`` has a Linear this engine quantizes (see :func:`is_ffn_input`)."""
-    import torch
-
-    return any(isinstance(m, torch.nn.Linear) and is_ffn_input(name) for name, m in model.named_modules())
+    return bool(_targets(model))
 
 
 def calibration_texts() -> tuple[list[str], list[str]]:
@@ -214,7 +212,9 @@ def fits(model: Any, weights: dict[str, torch.Tensor]) -> bool:
         expected[f"{name}.inv_smooth"] = (torch.float32, (in_features,))
         if linear.bias is not None:
             expected[f"{name}.bias"] = (torch.float32, (out_features,))
-    return bool(expected) and {k: (t.dtype, tuple(t.shape)) for k, t in weights.items()} == expected
+    if not expected or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        return False
+    return {k: (t.dtype, tuple(t.shape)) for k, t in weights.items()} == expected
 
 
 def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
@@ -229,9 +229,10 @@ def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
 
 
 # -- the user's cache of quantized weights -----------------------------------------------------------------------
-# Quantizing costs each process ~4-5 s on AVX2 (a float32 pass over the calibration text, then GPTQ), every Dask
-# worker of every rebuild. The result depends only on the model, the passage format and the recipe below, so it is
-# kept in the user's cache, as pip and Hugging Face keep theirs, and read back in ~0.1 s.
+# Quantizing costs each process seconds (a float32 pass over the calibration text, then GPTQ; the log line
+# "FFN inputs quantized to int8 in N s" says how many), every Dask worker of every rebuild. The result depends only
+# on the model, the passage format and the recipe below, so it is kept in the user's cache, as pip and Hugging Face
+# keep theirs, and read back instead (logged as "int8 FFN inputs read from ... in N s").
 
 CACHE_FORMAT = 1  # bump when int8_weights' recipe changes what it computes: old files then stop matching a key
 
@@ -252,11 +253,16 @@ def cache_key(passage_fingerprint_id: str) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def cache_path(key: str) -> Path:
-    """``<user cache>/int8/<key>.pt`` (:func:`rag_core.storage.user_cache_dir`: ``~/.cache/wikirag`` by default)."""
+def cache_folder() -> Path:
+    """``<user cache>/int8`` (:func:`rag_core.storage.user_cache_dir`: ``~/.cache/wikirag`` by default)."""
     from rag_core.storage import user_cache_dir
 
-    return user_cache_dir() / "int8" / f"{key}.pt"
+    return user_cache_dir() / "int8"
+
+
+def cache_path(key: str) -> Path:
+    """Where the int8 weights of :func:`cache_key` ``key`` are kept: ``<cache_folder()>/<key>.pt``."""
+    return cache_folder() / f"{key}.pt"
 
 
 def read_cached(path: Path, model: Any) -> dict[str, torch.Tensor] | None:

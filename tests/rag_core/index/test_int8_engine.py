@@ -107,6 +107,7 @@ def test_quantized_weights_are_kept_in_the_users_cache_and_read_back(
     weights = int8_engine.read_cached(kept, second.context.model)
     assert weights is not None and not int8_engine.fits(
         second.context.model, {k: v for k, v in weights.items() if not k.endswith(".bias")})
+    assert not int8_engine.fits(second.context.model, dict.fromkeys(weights, 0))  # loadable, but not tensors
 
     # A torn file: a warning that names it, quantized again, and replaced by a whole one.
     kept.write_bytes(kept.read_bytes()[:4096])
