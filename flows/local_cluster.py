@@ -6,6 +6,10 @@ hanging there for minutes (``DaskTaskRunner.__exit__`` -> ``SpecCluster.close``
 -> ``sync``). Here the close is bounded; worker processes still there when it
 gives up are killed, so nothing outlives the command.
 
+Every core of a local cluster runs a worker, so Dask's own background sampling
+(its statistical profiler above all) takes CPU from the encoding; the cluster
+turns it down (:func:`quiet_background`) unless the user configured it.
+
 Dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (so that
 freed memory goes back to the OS). Setting any glibc malloc threshold also
 freezes the mmap threshold at 128 KiB, so every activation tensor of an encoder
@@ -31,6 +35,7 @@ error. The local cluster's workers preload this module, whose
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -66,6 +71,26 @@ def keep_glibc_malloc() -> None:
         del os.environ["MALLOC_TRIM_THRESHOLD_"]  # left by an earlier nanny of this process (without_dask_trim)
 
 
+# Background sampling each Dask process does besides its tasks. On a local cluster every core already runs a
+# worker, so the CPU it takes comes out of the encoding: the statistical profiler alone samples the task thread's
+# stack every 10 ms (bench/worker_background_bench.py measures the difference).
+QUIET_SETTINGS = {
+    "distributed.worker.profile.enabled": False,  # the dashboard's Profile page stays empty
+    "distributed.admin.tick.interval": "1s",  # event-loop health check; still warns of a blocked loop
+    "distributed.admin.system-monitor.interval": "5s",  # the dashboard's CPU/memory plots refresh every 5 s
+}
+
+
+def quiet_background() -> None:
+    """Dask's background sampling, in this process and the workers its nannies start: :data:`QUIET_SETTINGS`,
+    except where a value is the user's (a Dask YAML file, a ``DASK_*`` variable or ``dask.config.set``)."""
+    users, defaults = dask.config.collect(), dask.config.merge(*dask.config.defaults)
+    for key, value in QUIET_SETTINGS.items():
+        set_by_user = dask.config.get(key, default=None, config=users) is not None
+        if not set_by_user and dask.config.get(key) == dask.config.get(key, config=defaults):
+            dask.config.set({key: value})
+
+
 HEARTBEAT_LOST = "Failed to communicate with scheduler during heartbeat."
 
 
@@ -81,6 +106,15 @@ class OneLineLostHeartbeat(logging.Filter):
         return True
 
 
+def dask_teardown(worker: Any) -> None:
+    """Dask's preload hook at a worker's close: the process's exit skips collecting its imports' objects.
+
+    A worker that loaded torch and a model spent 1.6-2.0 s in the interpreter's teardown, 0.3 s with its objects
+    frozen (bench/exit_bench.py), inside the cluster's close that the command waits for (see flows.cli.entry).
+    """
+    gc.freeze()
+
+
 def dask_setup(worker: Any) -> None:
     """Dask's preload hook, run in each worker process of a :class:`BoundedLocalCluster` (module docstring)."""
     worker_log = logging.getLogger("distributed.worker")
@@ -91,12 +125,14 @@ def dask_setup(worker: Any) -> None:
 class BoundedLocalCluster(LocalCluster):
     """A ``LocalCluster`` whose ``close()`` gives up after ``close_timeout`` seconds and kills its worker processes.
 
-    Its workers preload this module (:func:`dask_setup`), besides any ``preload`` given.
+    Its workers preload this module (:func:`dask_setup`, :func:`dask_teardown`), besides any ``preload`` given,
+    and sample less in the background (:func:`quiet_background`).
     """
 
     def __init__(self, *args: Any, close_timeout: float = CLOSE_TIMEOUT_S, **kwargs: Any) -> None:
         self.close_timeout = close_timeout
         keep_glibc_malloc()
+        quiet_background()
         given = kwargs.get("preload") or []
         kwargs["preload"] = [*([given] if isinstance(given, str) else given), __name__]  # Dask takes a str or list
         super().__init__(*args, **kwargs)

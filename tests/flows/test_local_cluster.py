@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -89,3 +90,78 @@ def test_a_lost_heartbeat_is_one_warning_line_not_a_traceback() -> None:
     # the worker's own periodic heartbeat may meet the dead address too: one line each
     assert lines and all(" - WARNING - " in line and "OSError" in line for line in lines), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def _spin(seconds: float) -> int:
+    import time  # the worker's
+
+    end, n = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+def _worker_sampling(dask_worker) -> dict:
+    import dask
+
+    keys = ("distributed.worker.profile.enabled", "distributed.admin.tick.interval",
+            "distributed.admin.system-monitor.interval")
+    return {key: dask.config.get(key) for key in keys}
+
+
+SAMPLING_SCRIPT = """
+import json
+from distributed import Client
+from flows.local_cluster import BoundedLocalCluster
+from tests.flows.test_local_cluster import _spin, _worker_sampling
+
+with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address=None) as cluster, Client(cluster) as client:
+    client.submit(_spin, 1.0).result()
+    (settings,) = client.run(_worker_sampling).values()
+    print(json.dumps({"settings": settings, "profiled": client.profile()["count"]}))
+"""
+
+
+def _sampling(**env: str) -> dict:
+    repo = Path(__file__).resolve().parents[2]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    proc = subprocess.run([sys.executable, "-c", SAMPLING_SCRIPT], cwd=repo, capture_output=True, text=True,
+                          timeout=120, check=False, env={**environ, "PYTHONPATH": str(repo), **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_workers_do_not_profile_in_the_background_unless_the_user_asks() -> None:
+    quiet = _sampling()
+    assert quiet["settings"] == {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                                 "distributed.admin.system-monitor.interval": "5s"}
+    assert quiet["profiled"] == 0  # a second of busy task, not one stack sample taken
+    # a value of the user's own wins, the others stay quiet
+    asked = _sampling(DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED="True", DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL="20ms")
+    assert asked["settings"] == {"distributed.worker.profile.enabled": True, "distributed.admin.tick.interval": "20ms",
+                                 "distributed.admin.system-monitor.interval": "5s"}
+    assert asked["profiled"] > 10  # Dask samples every 10 ms
+
+
+def _report_freeze_at_exit(path: str) -> None:
+    import atexit
+    import gc
+    from pathlib import Path
+
+    atexit.register(lambda: Path(path).write_text(str(gc.get_freeze_count())))
+
+
+def test_a_closing_worker_freezes_its_objects_before_the_interpreters_teardown(tmp_path: Path) -> None:
+    """Its teardown's garbage collection would walk every object torch and the model made: time the close waits."""
+    from distributed import Client
+
+    report = tmp_path / "frozen"
+    with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                             dashboard_address=None) as cluster, Client(cluster) as client:
+        client.run(_report_freeze_at_exit, str(report))
+        assert not report.exists()
+    deadline = time.monotonic() + 30
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert int(report.read_text()) > 10_000
