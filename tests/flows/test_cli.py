@@ -128,14 +128,16 @@ def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) ->
 def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_error(
         command: list[str], teardown: bool, tmp_path: Path) -> None:
     """A read-only command's error ends the process at once (a native thread could abort the teardown after the
-    error line, exit 134); any other command's error still runs the teardown (atexit: Prefect's log flush)."""
+    error line, exit 134); any other command's error still runs the teardown (atexit: Prefect's log flush), with the
+    objects the imports made frozen, so that the teardown's garbage collection does not walk them again."""
     import subprocess
     import sys
 
-    program = ("import atexit, sys; from flows.cli import entry; atexit.register(lambda: print('teardown ran')); "
+    program = ("import atexit, gc; from flows.cli import entry; "
+               "atexit.register(lambda: print('teardown ran, frozen:', gc.get_freeze_count() > 10_000)); "
                f"entry({[*command, '--store', str(tmp_path / 'store')]!r})")
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2], env={**os.environ, "WIKIRAG_HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("wikirag: error: ")
-    assert ("teardown ran" in proc.stdout) is teardown
+    assert ("teardown ran, frozen: True" in proc.stdout) is teardown, proc.stdout
