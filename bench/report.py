@@ -17,12 +17,13 @@ under the command that made them (bench/README.md).
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import shlex
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,33 @@ def emulate_avx2_if_asked(argv: Sequence[str] | None = None) -> None:
         print(f"# re-running under {' '.join(f'{k}={v}' for k, v in AVX2_EMULATION.items())}", file=sys.stderr)
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *argv], {**os.environ, **AVX2_EMULATION})
+
+
+def bench_parser(doc: str, repeats: int = MIN_REPEATS, what: str = "runs of each kind") -> argparse.ArgumentParser:
+    """A benchmark's parser with the options every bench shares: ``--repeats``, ``--avx2``, ``--markdown``.
+
+    Parse with :func:`parse_bench_args`, which refuses fewer than :data:`MIN_REPEATS` repeats.
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=repeats, help=f"{what} (default {repeats})")
+    parser.add_argument(AVX2_FLAG, action="store_true", help="run as on an AVX2-only CPU (bench/report.py)")
+    parser.add_argument("--markdown", type=Path, help="also write the section to this file")
+    return parser
+
+
+def parse_bench_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.repeats < MIN_REPEATS:
+        parser.error(f"--repeats: at least {MIN_REPEATS} (a figure is min / median / max)")
+    return args
+
+
+def alternating(kinds: Sequence[str], repeats: int) -> Iterator[tuple[int, str]]:
+    """``(round, kind)`` for ``repeats`` rounds of every kind, the order reversed every other round (a machine
+    that speeds up or slows down during a run then favours no kind)."""
+    for r in range(repeats):
+        for kind in (list(kinds) if r % 2 == 0 else list(reversed(kinds))):
+            yield r, kind
 
 
 def spread(values: Sequence[float], fmt: str = "{:.3g}") -> str:

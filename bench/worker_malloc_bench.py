@@ -17,16 +17,17 @@ alternate the order.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-from report import RunInfo, emulate_avx2_if_asked, publish, spread  # noqa: E402
+from report import RunInfo, alternating, bench_parser, emulate_avx2_if_asked, parse_bench_args, publish, spread  # noqa: E402
 
 TRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 WARMUP = 32
@@ -63,7 +64,7 @@ def worker_trim_threshold() -> str | None:
 def cluster_rate(kind: str, titles: list[str], texts: list[str]) -> tuple[float, str | None, str]:
     """(both workers' passages/s together, the workers' MALLOC_TRIM_THRESHOLD_, dtype) for one cluster."""
     import dask
-    from distributed import Client, Event, LocalCluster, Queue
+    from distributed import LocalCluster
 
     from flows.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster
 
@@ -73,46 +74,56 @@ def cluster_rate(kind: str, titles: list[str], texts: list[str]) -> tuple[float,
             cluster = LocalCluster(**options)
     else:  # it also clears the value the default cluster's nanny left in this process's environment
         cluster = BoundedLocalCluster(**options)
+    results, trims = on_both_workers(cluster, encode_when_both_ready, titles, texts, worker_trim_threshold)
+    (trim,) = set(trims)
+    return sum(rate for rate, _ in results), trim, results[0][1]
+
+
+def on_both_workers(cluster: Any, task: Callable[..., Any], titles: list[str], texts: list[str],
+                    probe: Callable[[], Any]) -> tuple[list[Any], list[Any]]:
+    """In ``cluster`` (closed after): ``task(titles, texts, ready, go)`` on each worker, released together once all
+    are ready (:func:`encode_when_both_ready`'s protocol); (their results, ``probe()`` run on each worker)."""
+    from distributed import Client, Event, Queue
+
     with cluster, Client(cluster) as client:
-        trims = set(client.run(worker_trim_threshold).values())
+        probed = list(client.run(probe).values())
         ready, go = f"ready-{uuid.uuid4().hex}", f"go-{uuid.uuid4().hex}"
         queue, event = Queue(ready), Event(go)
-        futures = [client.submit(encode_when_both_ready, titles, texts, ready, go, workers=[address], pure=False)
+        futures = [client.submit(task, titles, texts, ready, go, workers=[address], pure=False)
                    for address in client.scheduler_info()["workers"]]
         for _ in futures:
             queue.get(timeout=300)
         event.set()
-        results = client.gather(futures)
-    (trim,) = trims
-    return sum(rate for rate, _ in results), trim, results[0][1]
+        return client.gather(futures), probed
 
 
-def main(argv: list[str] | None = None) -> int:
-    emulate_avx2_if_asked()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--passages", type=int, default=300, help="seeded random sample passages per worker")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each cluster (default 3)")
-    parser.add_argument("--avx2", action="store_true", help="run as on an AVX2-only CPU (bench/report.py)")
-    parser.add_argument("--markdown", type=Path, help="also write the section to this file")
-    args = parser.parse_args(argv)
-    if args.repeats < 3:
-        parser.error("--repeats: at least 3 (a figure is min / median / max)")
+def sample_passages(count: int) -> tuple[list[str], list[str]] | None:
+    """``count`` seeded random passages of the real sample (titles, texts), or None (logged) where it is missing."""
     from embed_bench import SAMPLE, load_passages
 
     if not SAMPLE.exists():
         log(f"skipped: {SAMPLE} is missing (the real sample lives in ../shared/data)")
+        return None
+    return load_passages(SAMPLE, count)
+
+
+def main(argv: list[str] | None = None) -> int:
+    emulate_avx2_if_asked()
+    parser = bench_parser(__doc__, what="runs of each cluster")
+    parser.add_argument("--passages", type=int, default=300, help="seeded random sample passages per worker")
+    args = parse_bench_args(parser, argv)
+    if (sample := sample_passages(args.passages)) is None:
         return 0
     info = RunInfo.start()
-    titles, texts = load_passages(SAMPLE, args.passages)
+    titles, texts = sample
     kinds = {"default": "Dask's default nanny environment", "wikirag": "wikirag's local cluster (BoundedLocalCluster)"}
     rates: dict[str, list[float]] = {kind: [] for kind in kinds}
     trims: dict[str, str | None] = {}
     dtype = "?"
-    for r in range(args.repeats):
-        for kind in (list(kinds) if r % 2 == 0 else list(reversed(kinds))):
-            rate, trims[kind], dtype = cluster_rate(kind, titles, texts)
-            rates[kind].append(rate)
-            log(f"# round {r + 1}: {kind} {rate:.1f} passages/s (MALLOC_TRIM_THRESHOLD_={trims[kind]})")
+    for r, kind in alternating(kinds, args.repeats):
+        rate, trims[kind], dtype = cluster_rate(kind, titles, texts)
+        rates[kind].append(rate)
+        log(f"# round {r + 1}: {kind} {rate:.1f} passages/s (MALLOC_TRIM_THRESHOLD_={trims[kind]})")
     info.finish()
 
     ratios = [w / d for d, w in zip(rates["default"], rates["wikirag"], strict=True)]
