@@ -493,7 +493,7 @@ def entry(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     code = main(argv)
     # The interpreter's teardown collects garbage over every object the imports made (torch, transformers, Prefect,
-    # pydantic: ~0.5 million): 1.6-2.0 s at the end of each command, 0.3 s with them frozen (bench/exit_bench.py).
+    # pydantic: ~0.5 million): ~2 s at the end of each command, ~0.3 s with them frozen (bench/exit_bench.py).
     # Objects outside reference cycles are still freed, and atexit handlers still run.
     gc.freeze()
     # the parser's own reading (a global option's value, as in `--home DIR search`, is no command)

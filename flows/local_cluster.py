@@ -109,7 +109,7 @@ class OneLineLostHeartbeat(logging.Filter):
 def dask_teardown(worker: Any) -> None:
     """Dask's preload hook at a worker's close: the process's exit skips collecting its imports' objects.
 
-    A worker that loaded torch and a model spent 1.6-2.0 s in the interpreter's teardown, 0.3 s with its objects
+    A worker that loaded torch and a model spends ~2 s in the interpreter's teardown, ~0.3 s with its objects
     frozen (bench/exit_bench.py), inside the cluster's close that the command waits for (see flows.cli.entry).
     """
     gc.freeze()
