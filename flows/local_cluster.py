@@ -83,7 +83,8 @@ QUIET_SETTINGS = {
 
 def quiet_background() -> None:
     """Dask's background sampling, in this process and the workers its nannies start: :data:`QUIET_SETTINGS`,
-    except where a value is the user's (a Dask YAML file, a ``DASK_*`` variable or ``dask.config.set``)."""
+    except where the user chose a value: in a Dask YAML file or ``DASK_*`` variable (any value), or with
+    ``dask.config.set`` (a value other than Dask's default: one equal to it cannot be told from it)."""
     users, defaults = dask.config.collect(), dask.config.merge(*dask.config.defaults)
     for key, value in QUIET_SETTINGS.items():
         set_by_user = dask.config.get(key, default=None, config=users) is not None

@@ -1,4 +1,5 @@
-"""The local Dask cluster's close is bounded: frozen workers cannot keep a stopping command waiting."""
+"""The local Dask cluster: a bounded close (frozen workers cannot keep a stopping command waiting), glibc's own
+malloc tuning, Dask's background sampling turned down, and workers that skip walking their objects at exit."""
 
 from __future__ import annotations
 
