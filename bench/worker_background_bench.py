@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-from report import RunInfo, alternating, bench_parser, emulate_avx2_if_asked, parse_bench_args, publish, spread  # noqa: E402
+from report import RunInfo, alternating, emulate_avx2_if_asked, publish, spread  # noqa: E402
 
 WARMUP = 32
 # Dask's own defaults for what flows.local_cluster.QUIET_SETTINGS turns down
@@ -95,15 +95,12 @@ def cluster_run(kind: str, titles: list[str], texts: list[str]) -> tuple[float, 
 
 def main(argv: list[str] | None = None) -> int:
     emulate_avx2_if_asked()
-    parser = bench_parser(__doc__, what="runs of each cluster")
-    parser.add_argument("--passages", type=int, default=300, help="seeded random sample passages per worker")
-    args = parse_bench_args(parser, argv)
-    from worker_malloc_bench import sample_passages
+    from worker_malloc_bench import cluster_bench_args
 
-    if (sample := sample_passages(args.passages)) is None:
+    if (given := cluster_bench_args(__doc__, argv)) is None:
         return 0
+    args, titles, texts = given
     info = RunInfo.start()
-    titles, texts = sample
     kinds = {"dask": "Dask's defaults", "wikirag": "wikirag's local cluster (`QUIET_SETTINGS`)"}
     rates: dict[str, list[float]] = {kind: [] for kind in kinds}
     backgrounds: dict[str, list[float]] = {kind: [] for kind in kinds}

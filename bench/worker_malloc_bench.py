@@ -17,6 +17,7 @@ alternate the order.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -107,15 +108,22 @@ def sample_passages(count: int) -> tuple[list[str], list[str]] | None:
     return load_passages(SAMPLE, count)
 
 
-def main(argv: list[str] | None = None) -> int:
-    emulate_avx2_if_asked()
-    parser = bench_parser(__doc__, what="runs of each cluster")
+def cluster_bench_args(doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, list[str], list[str]] | None:
+    """A two-cluster bench's arguments (the shared ones and ``--passages``) and its passages; None where the sample
+    is missing (logged)."""
+    parser = bench_parser(doc, what="runs of each cluster")
     parser.add_argument("--passages", type=int, default=300, help="seeded random sample passages per worker")
     args = parse_bench_args(parser, argv)
-    if (sample := sample_passages(args.passages)) is None:
+    sample = sample_passages(args.passages)
+    return None if sample is None else (args, *sample)
+
+
+def main(argv: list[str] | None = None) -> int:
+    emulate_avx2_if_asked()
+    if (given := cluster_bench_args(__doc__, argv)) is None:
         return 0
+    args, titles, texts = given
     info = RunInfo.start()
-    titles, texts = sample
     kinds = {"default": "Dask's default nanny environment", "wikirag": "wikirag's local cluster (BoundedLocalCluster)"}
     rates: dict[str, list[float]] = {kind: [] for kind in kinds}
     trims: dict[str, str | None] = {}
