@@ -13,7 +13,6 @@ Prefect reads its settings when imported.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import importlib
 import inspect
@@ -38,9 +37,6 @@ from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.manifest import describe_errors
 from rag_core.wiki.ingest import IngestConfig
-
-if typing.TYPE_CHECKING:
-    from flows.local_cluster import WarmUp
 
 log = logging.getLogger("wikirag")
 
@@ -168,47 +164,26 @@ def warm_encoder(embed: EmbedConfig) -> None:
     load_encoder(embed.encoder)
 
 
-def index_warm_up(embed: EmbedConfig) -> WarmUp:
-    """What every worker of an index rebuild needs before its tasks: Prefect, the task modules and the encoder.
-
-    Done as the workers start, while the command's Prefect server boots and the dump is ingested, instead of in
-    each worker's first tasks (bench/rebuild_bench.py times the whole command).
-    """
-    from flows.local_cluster import WarmUp
-    from rag_core.index.build import load_encoder
-
-    return WarmUp(functools.partial(importlib.import_module, "tasks.ingest"),
-                  functools.partial(importlib.import_module, "tasks.index"),
-                  functools.partial(load_encoder, embed.encoder))
-
-
 def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConfig, IndexConfig, GateConfig]) -> str:
-    from flows.local_cluster import ClusterStart
     from flows.prefect_api import prefect_api
     from rag_core.index.versions import read_index_manifest
 
     ingest, embed, index, gate = configs
     log.info("rebuilding the index of %s in %s (encoder %s, factory %s)", ingest.dump, settings.store_url,
              embed.encoder.path or "all-MiniLM-L6-v2 (packaged)", index.factory)
-    cluster = ClusterStart(settings.dask_address, settings.workers, index_warm_up(embed))
-
     def meanwhile() -> None:
-        cluster.start()  # after prefect_api set PREFECT_API_URL: the workers inherit it
         warm_encoder(embed)
         importlib.import_module("flows.index_rebuild")
 
-    with cluster, prefect_api(settings.prefect_home, meanwhile=meanwhile):
+    with prefect_api(settings.prefect_home, meanwhile=meanwhile):
         from flows.index_rebuild import index_rebuild
         from flows.ingest import dask_runner
 
         if not log.isEnabledFor(logging.DEBUG):
             quiet_expected_tracebacks()
-        try:
-            runner = dask_runner(cluster.address(), settings.workers)
-            version = index_rebuild.with_options(task_runner=runner)(
-                ingest_config=ingest, store=settings.store_access(), embed=embed, index=index, gate=gate)
-        finally:
-            cluster.close()  # while the server still runs: the workers' Prefect clients flush as they close
+        runner = dask_runner(settings.dask_address, settings.workers)
+        version = index_rebuild.with_options(task_runner=runner)(
+            ingest_config=ingest, store=settings.store_access(), embed=embed, index=index, gate=gate)
     manifest = read_index_manifest(settings.open_store(), version)
     recall = next((v for k, v in manifest.gates.items() if k.startswith("recall:")), None)
     log.info("published index %s: %s passages in %d shards, %s, recall@10 %s; LATEST points at it",

@@ -13,7 +13,6 @@ from __future__ import annotations
 from prefect import flow, unmapped
 from prefect_dask import DaskTaskRunner
 
-from flows.local_cluster import local_cluster_kwargs
 from flows.settings import Settings, StoreAccess, quiet_environment
 from flows.shard_runs import wait_for_shards
 from rag_core.wiki.dumps import DumpSource
@@ -39,8 +38,17 @@ def dask_runner(address: str | None, workers: int | None) -> DaskTaskRunner:
     """
     if address:
         return DaskTaskRunner(address=address)
-    return DaskTaskRunner(cluster_class="flows.local_cluster.BoundedLocalCluster",  # its close cannot hang a command
-                          cluster_kwargs=local_cluster_kwargs(workers))
+    return DaskTaskRunner(
+        cluster_class="flows.local_cluster.BoundedLocalCluster",  # its close cannot hang a stopping command
+        # Cleaning is pure Python: processes, not threads, to use every core.
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            "dashboard_address": "127.0.0.1:0",  # loopback, any free port: runs may overlap
+        },
+    )
 
 
 @flow(name="ingest", task_runner=dask_runner(None, None), validate_parameters=True)

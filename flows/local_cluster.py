@@ -30,12 +30,6 @@ A command that fails early, e.g. on a corrupt dump, closes its cluster seconds
 after starting it, and that traceback landed beside the command's one-line
 error. The local cluster's workers preload this module, whose
 :func:`dask_setup` turns that one record into a one-line warning.
-
-A command that needs a Prefect server of its own would start its cluster only
-when the flow run begins, after the server's boot, and its workers would then
-spend the first tasks importing Prefect and the task modules and loading the
-model. :class:`ClusterStart` starts the cluster while the server boots, and
-:class:`WarmUp` has each worker do that work in the background as it starts.
 """
 
 from __future__ import annotations
@@ -45,14 +39,11 @@ import gc
 import logging
 import os
 import signal
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import dask
-from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed import LocalCluster
 
 from rag_core.hardware import DASK_TRIM_DEFAULT
 
@@ -171,110 +162,3 @@ class BoundedLocalCluster(LocalCluster):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             return None
-
-
-def local_cluster_kwargs(workers: int | None) -> dict[str, Any]:
-    """A command's local cluster: ``workers`` single-threaded worker processes (None: one per core), loopback only."""
-    return {
-        "n_workers": workers,
-        "threads_per_worker": 1,
-        "processes": True,  # cleaning text is pure Python: processes, not threads, to use every core
-        "host": "127.0.0.1",
-        "dashboard_address": "127.0.0.1:0",  # loopback, any free port: runs may overlap
-    }
-
-
-WARM_UP_NICE = 10  # added to the nice value of a worker's warm-up thread
-
-
-class WarmUp(WorkerPlugin):
-    """Work the tasks of a run will need on every worker, done in a background thread as each worker starts.
-
-    ``steps`` are picklable callables (e.g. ``functools.partial(importlib.import_module, "tasks.index")`` or a
-    model loader that keeps what it loads per process, as ``rag_core.index.build.load_encoder`` does). A task that
-    needs the same import or model meanwhile waits for it instead of doing it twice (Python's import locks, the
-    loader's own lock). A step that fails is only logged at debug level: the task that needs it meets the same
-    error and reports it where the user sees it.
-    """
-
-    name = "wikirag-warm-up"
-
-    def __init__(self, *steps: Callable[[], object]) -> None:
-        self.steps = steps
-
-    def setup(self, worker: Any) -> None:  # runs on the worker's event loop: the steps go to a thread
-        threading.Thread(target=self.run, name="wikirag warm-up", daemon=True).start()
-
-    def run(self) -> None:
-        # Lower this thread's priority (only this thread's, on Linux): the command's Prefect server, the flow and
-        # the workers' first tasks use the cores first, the warm-up the time they leave idle.
-        with contextlib.suppress(OSError, AttributeError):  # AttributeError: no setpriority (Windows)
-            me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + WARM_UP_NICE))
-        started = time.perf_counter()
-        for step in self.steps:
-            try:
-                step()
-            except Exception as exc:
-                log.debug("warm-up step %r failed (%s: %s); the task that needs it will tell", step,
-                          type(exc).__name__, exc)
-        log.debug("worker warm-up done in %.1f s", time.perf_counter() - started)
-
-
-class ClusterStart:
-    """A command's local cluster, started in a background thread before its flow asks for the address.
-
-    :meth:`start` returns at once; :meth:`address` waits for the cluster and
-    raises what its start raised. With ``address`` given (a cluster the user
-    runs), nothing is started and its workers are left as they are. The
-    cluster and its ``warm_up`` plugin are this object's: :meth:`close` (also
-    on leaving a ``with`` block) closes the cluster, bounded as
-    :class:`BoundedLocalCluster` closes, and may be called more than once.
-    Workers inherit the environment as it is when :meth:`start` is called:
-    call it once ``PREFECT_API_URL`` is set.
-    """
-
-    def __init__(self, address: str | None, workers: int | None, warm_up: WarmUp | None = None) -> None:
-        self.given, self.workers, self.warm_up = address, workers, warm_up
-        self._thread: threading.Thread | None = None
-        self._cluster: BoundedLocalCluster | None = None
-        self._error: BaseException | None = None
-
-    def start(self) -> None:
-        if self.given or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._start, name="local Dask cluster start", daemon=True)
-        self._thread.start()
-
-    def _start(self) -> None:
-        try:
-            self._cluster = BoundedLocalCluster(**local_cluster_kwargs(self.workers))
-            if self.warm_up is not None:
-                with Client(self._cluster) as client:  # the scheduler keeps the plugin for workers that restart
-                    client.register_plugin(self.warm_up)
-        except BaseException as exc:  # re-raised in the caller's thread by address()
-            self._error = exc
-
-    def address(self) -> str:
-        if self.given:
-            return self.given
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._cluster is not None
-        return self._cluster.scheduler_address
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        cluster, self._cluster = self._cluster, None
-        if cluster is not None:
-            cluster.close()
-
-    def __enter__(self) -> ClusterStart:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

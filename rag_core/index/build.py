@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,26 +114,9 @@ class BuiltShard:
 
 
 @functools.cache
-def _loaded_encoder(config: EncoderConfig) -> Encoder:
-    return Encoder.load(config)
-
-
-_LOADING = threading.Lock()
-
-
 def load_encoder(config: EncoderConfig) -> Encoder:
-    """One loaded encoder per config and process: a worker keeps it for every shard it is given.
-
-    A thread that asks while another one loads it waits for that load instead of loading a second copy: a local
-    cluster's workers load it in a background thread as they start (flows.local_cluster.WarmUp) while their
-    first tasks may already ask for it.
-    """
-    with _LOADING:
-        return _loaded_encoder(config)
-
-
-load_encoder.cache_info = _loaded_encoder.cache_info  # type: ignore[attr-defined]
-load_encoder.cache_clear = _loaded_encoder.cache_clear  # type: ignore[attr-defined]
+    """One loaded encoder per config and process: a worker keeps it for every shard it is given."""
+    return Encoder.load(config)
 
 
 def dump_id_of(passages_url: str) -> str:

@@ -1,10 +1,8 @@
 """The local Dask cluster: a bounded close (frozen workers cannot keep a stopping command waiting), glibc's own
-malloc tuning, Dask's background sampling turned down, workers that skip walking their objects at exit, and a
-cluster started ahead of its flow whose workers warm up in the background."""
+malloc tuning, Dask's background sampling turned down, and workers that skip walking their objects at exit."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -168,59 +166,3 @@ def test_a_closing_worker_freezes_its_objects_before_the_interpreters_teardown(t
     while not report.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert int(report.read_text()) > 10_000
-
-
-def _record_step(folder: str, name: str) -> None:
-    import os
-    import threading
-    from pathlib import Path
-
-    thread = threading.current_thread().name
-    nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    (Path(folder) / f"{os.getpid()}-{name}").write_text(f"{thread}|{nice}|{time.time()}")
-
-
-def _failing_step() -> None:
-    raise RuntimeError("a step that fails")
-
-
-def _task_thread_nice() -> int:
-    import os
-    import threading
-
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-def test_a_cluster_started_ahead_warms_every_worker_in_the_background_and_closes_with_its_owner(
-        tmp_path: Path) -> None:
-    from distributed import Client
-
-    from flows.local_cluster import WARM_UP_NICE, ClusterStart, WarmUp
-
-    steps = WarmUp(functools.partial(_record_step, str(tmp_path), "first"), _failing_step,
-                   functools.partial(_record_step, str(tmp_path), "last"))
-    base = os.getpriority(os.PRIO_PROCESS, 0)  # workers start at ours
-    with ClusterStart(None, 2, steps) as started:
-        started.start()
-        address = started.address()
-        with Client(address) as client:
-            pids = sorted(client.run(os.getpid).values())
-            assert len(pids) == 2 and set(pids) <= set(_descendants(os.getpid()))
-            deadline = time.monotonic() + 60
-            while len(list(tmp_path.iterdir())) < 4 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            # Each worker ran every step, in order, past the one that failed, in a thread of its own at a lower
-            # priority, while its task thread keeps its own.
-            for pid in pids:
-                first, last = ((tmp_path / f"{pid}-{n}").read_text().split("|") for n in ("first", "last"))
-                assert first[:2] == last[:2] == ["wikirag warm-up", str(min(19, base + WARM_UP_NICE))]
-                assert float(first[2]) <= float(last[2])
-            assert set(client.run(_task_thread_nice).values()) == {base}
-            assert client.submit(_task_thread_nice, pure=False).result() == base
-        seen = {pid: t for pid, t in _descendants(os.getpid()).items() if pid in pids}
-        started.close()
-        started.close()  # a second close is a no-op
-        time.sleep(0.5)
-        assert _still_running(seen) == []
-        # A cluster the user gives is used as it is: nothing starts, nothing is closed.
-        assert ClusterStart(address, 2).address() == address

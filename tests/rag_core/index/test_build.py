@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import uuid
 from pathlib import Path
 
@@ -180,23 +179,3 @@ def test_an_ann_version_is_built_tuned_and_searched_at_its_target(wiki: Path, tm
 
     assert all(e.meta == {"factory": "Flat"} for e in read_index_manifest(store, flat).shards)  # exact: untuned
     assert all(not hasattr(faiss.downcast_index(i), "hnsw") for i in ShardedIndex.load(store, flat).shards)
-
-
-def test_threads_that_ask_for_an_encoder_at_once_share_one_load(tiny: Encoder) -> None:
-    """A Dask worker's warm-up thread loads the encoder while its first task may ask for it: one load, one copy."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rag_core.index.build import load_encoder
-
-    load_encoder.cache_clear()
-    together = threading.Barrier(4)
-
-    def load(_: int) -> Encoder:
-        together.wait()
-        return load_encoder(tiny.config)
-
-    with ThreadPoolExecutor(4) as pool:
-        loaded = list(pool.map(load, range(4)))
-    assert all(encoder is loaded[0] for encoder in loaded)
-    assert load_encoder.cache_info().misses == 1
-    load_encoder.cache_clear()
