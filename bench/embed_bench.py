@@ -152,19 +152,25 @@ def matmul_rate(dtype) -> float:
 
 
 def int8_gemm_errors() -> dict[int, float]:
-    """Share of wrong outputs of ``torch._int_mm`` on random int8 matrices, by the second operand's bound.
+    """Share of wrong outputs of the int8 engine's GEMM (FBGEMM's dynamic int8 Linear), by the weights' bound.
 
-    The first operand spans ±127; exact products come from float64. Non-zero where the int8 kernels add
-    u8 x s8 products in 16 bits (AVX2 without VNNI) and the second operand is too wide for that.
+    Inputs are integers 0..255 (the u8 range the kernel quantizes a call's inputs to, so its quantization is
+    exact) and weights random int8 within the bound; exact products come from float64. Non-zero where the int8
+    kernels add u8 x s8 products in 16 bits (AVX2 without VNNI) and the weights are too wide for that.
     """
     import torch
 
+    from rag_core.index.int8_engine import pack_weight
+
     gen = torch.Generator().manual_seed(0)
-    a = torch.randint(-127, 128, (256, 384), dtype=torch.int8, generator=gen)
+    x = torch.randint(0, 256, (256, 384), generator=gen).float()
+    x[0, :2] = torch.tensor([0.0, 255.0])  # the call's range is exactly 0..255: scale 1, zero point 0
     errors = {}
     for bound in (127, 63):
-        b = torch.randint(-bound, bound + 1, (384, 512), dtype=torch.int8, generator=gen)
-        errors[bound] = (torch._int_mm(a, b).double() != a.double() @ b.double()).double().mean().item()
+        w = torch.randint(-bound, bound + 1, (512, 384), dtype=torch.int8, generator=gen)
+        y = torch.ops.quantized.linear_dynamic(x, pack_weight(w, torch.ones(512)), False).double()
+        exact = x.double() @ w.double().T
+        errors[bound] = ((y - exact).abs() > 1e-5 * exact.abs().max()).double().mean().item()
     return errors
 
 
@@ -213,20 +219,22 @@ INT8_LAYERS = {"all but FFN out": lambda name: not (name.endswith("output.dense"
 
 def smoothed_int8(enc, calibration: tuple[list[str], list[str]], weight_bits: int, layers: str,
                   alpha: float = 0.5):
-    """A copy of ``enc``'s passage tower whose ``INT8_LAYERS[layers]`` Linears run int8 x int8 GEMMs.
+    """A copy of ``enc``'s passage tower whose ``INT8_LAYERS[layers]`` Linears run the int8 engine's kernel.
 
-    W8A8 in SmoothQuant's manner (Xiao et al., 2022): each input channel j is divided by
-    ``s_j = max|x_j| ** alpha / max|W_:j| ** (1 - alpha)`` and its weight column multiplied by it (the same
-    product in exact arithmetic), which moves the activations' outlier channels into the weights; then
-    activations are quantized per token and weights per output channel, symmetric, and multiplied by
-    ``torch._int_mm``. ``max|x_j|`` comes from running the tower over ``calibration`` (passages that are not
-    timed). ``weight_bits`` 7 keeps AVX2's int8 kernels exact: without VNNI, oneDNN (behind ``_int_mm``) sums
-    pairs of u8 x s8 products in 16 bits, shifting the first operand to u8, and a second operand beyond ±63 can
-    saturate that sum (:func:`int8_gemm_errors`, printed under the alternatives).
+    W8A8 in SmoothQuant's manner (Xiao et al., 2022), as ``rag_core.index.int8_engine`` does it, but with
+    weights rounded to nearest instead of by GPTQ, and on any set of Linears: each input channel j is divided
+    by ``s_j = max|x_j| ** alpha / max|W_:j| ** (1 - alpha)`` and its weight column multiplied by it (the same
+    product in exact arithmetic); activations are quantized per token and weights per output channel,
+    symmetric (``int8_engine.int8_linear``). ``max|x_j|`` comes from running the tower over ``calibration``
+    (passages that are not timed). ``weight_bits`` 7 keeps AVX2's int8 kernels exact: without VNNI they sum
+    pairs of u8 x s8 products in 16 bits, and weights beyond ±63 can saturate that sum
+    (:func:`int8_gemm_errors`, printed under the alternatives).
     """
     import copy
 
     import torch
+
+    from rag_core.index.int8_engine import int8_linear, pack_weight
 
     class SmoothedInt8Linear(torch.nn.Module):
         def __init__(self, linear: torch.nn.Linear, in_max: torch.Tensor) -> None:
@@ -235,18 +243,13 @@ def smoothed_int8(enc, calibration: tuple[list[str], list[str]], weight_bits: in
             smooth = in_max.clamp(min=1e-5) ** alpha / w.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)  # [in]
             w = w * smooth
             qmax = 2 ** (weight_bits - 1) - 1
-            self.w_scale = w.abs().amax(1).clamp(min=1e-8) / qmax  # [out]
-            self.w_int8 = (w / self.w_scale[:, None]).round().clamp(-qmax, qmax).to(torch.int8).t().contiguous()
+            w_scale = w.abs().amax(1).clamp(min=1e-8) / qmax  # [out]
+            self.packed = pack_weight((w / w_scale[:, None]).round().clamp(-qmax, qmax).to(torch.int8), w_scale)
             self.inv_smooth = 1.0 / smooth
             self.bias = linear.bias.detach().float() if linear.bias is not None else None
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            rows = x.reshape(-1, x.shape[-1]) * self.inv_smooth  # [tokens, in]
-            scale = rows.abs().amax(1, keepdim=True).clamp_(min=1e-8).div_(127)  # [tokens, 1]
-            acc = torch._int_mm(rows.div_(scale).round_().to(torch.int8), self.w_int8)  # [tokens, out] int32
-            y = acc.float().mul_(scale).mul_(self.w_scale)
-            if self.bias is not None:
-                y.add_(self.bias)
+            y = int8_linear(x.reshape(-1, x.shape[-1]), self.packed, self.inv_smooth, self.bias)
             return y.view(*x.shape[:-1], -1)
 
     model = enc.context.model
@@ -426,8 +429,9 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
            f"and the untimed first call on {WARMUP} passages, where a lazy compile happens.", "",
            "| row | set-up s | first call s |", "|---|---:|---:|",
            *[f"| {r.label} | {r.setup_s:.1f} | {r.warm_s:.1f} |" for r in rows if r.label.startswith("alternative")],
-           "", "`torch._int_mm` (the SmoothQuant rows' GEMM) against exact products, random int8 operands, the "
-           "first within ±127:", "", "| second operand within | wrong outputs |", "|---|---:|",
+           "", "The int8 GEMM of the int8 engine and the SmoothQuant rows (FBGEMM's dynamic int8 Linear) against "
+           "exact products, inputs in the kernel's u8 range 0..255:", "", "| int8 weights within | wrong outputs |",
+           "|---|---:|",
            *[f"| ±{bound} | {share:.1%} |" for bound, share in int8_errors.items()],
            ""] if args.alternatives else []),
         "| dtype | encoder-shaped matmul, GFLOP/s |", "|---|---:|",

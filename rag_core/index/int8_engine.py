@@ -12,10 +12,17 @@ encoder's GEMM FLOPs), and quantizes them carefully:
   ``s_j = sqrt(max|x_j| / max|W_:j|)`` and the weight column multiplied by it
   (the same product in exact arithmetic), which moves activation outliers
   into the weights;
-- activations quantized per token (dynamic, symmetric, 8 bits);
-- weights per output channel, symmetric, **7 bits**: without VNNI, oneDNN's
-  int8 GEMM (behind ``torch._int_mm``) adds pairs of u8 x s8 products in
-  16 bits and saturates unless weights stay within ±63 (bench/embed_bench.py
+- activations quantized per token (dynamic, 8 bits): each token's row is
+  divided by its largest magnitude, so that the one range FBGEMM's dynamic
+  int8 Linear (``torch.ops.quantized.linear_dynamic``) quantizes a whole call
+  with is every token's own range, and the output rows are multiplied back.
+  FBGEMM quantizes, multiplies and dequantizes in one vectorized pass; the
+  same per-token scheme around ``torch._int_mm`` spent on its eager
+  quantize and dequantize passes about half of what int8 saves (profiled on
+  real passages held to AVX2: the engine ran no faster than float32 there);
+- weights per output channel, symmetric, **7 bits**: without VNNI, int8
+  GEMMs on x86 (FBGEMM's and oneDNN's) add pairs of u8 x s8 products in
+  16 bits and saturate unless weights stay within ±63 (bench/embed_bench.py
   prints a table of it); and rounded by GPTQ (Frantar et al., 2022): columns
   are rounded one at a time, in order of decreasing input energy, and each
   rounding error is spread over the columns not yet rounded, weighted by the
@@ -41,7 +48,8 @@ resolved to float32 on a CPU and :func:`int8_probe_speedup` (the FFN-input
 GEMM, quantization included, against float32 on one thread) shows at least
 :data:`MIN_INT8_SPEEDUP`, for a BERT-style model (others stay float32 under
 ``auto``; an explicit ``engine="int8"`` refuses them); an explicit ``dtype``
-or ``engine`` wins.
+or ``engine`` wins. Where torch has no int8 Linear kernels (a build without
+FBGEMM, oneDNN or QNNPACK) the probe reports 0 and ``auto`` stays float32.
 """
 
 from __future__ import annotations
@@ -88,12 +96,32 @@ def calibration_texts() -> tuple[list[str], list[str]]:
     return titles, texts
 
 
-def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 rows and their float scales: symmetric, one scale per row (token). Overwrites ``x``."""
+def pack_weight(w_int8: torch.Tensor, w_scale: torch.Tensor) -> Any:
+    """``w_int8 [out, in]`` with per-output-channel ``w_scale``, packed for ``torch.ops.quantized.linear_dynamic``.
+
+    The packing takes a per-channel quantized tensor, a kind torch 2.13 marks deprecated (a warning at each
+    creation, silenced here: the pinned torch has them, and ``cache_key`` names the torch version).
+    """
+    import warnings
+
     import torch
 
-    scale = x.abs().amax(1, keepdim=True).clamp_(min=1e-8).div_(127)
-    return x.div_(scale).round_().to(torch.int8), scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        # k * scale / scale rounds back to k exactly for |k| <= 127, so the packed integers are w_int8's.
+        qweight = torch.quantize_per_channel(w_int8.float() * w_scale[:, None], w_scale.double(),
+                                             torch.zeros_like(w_scale, dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(qweight, None)
+
+
+def int8_linear(rows: torch.Tensor, packed: Any, inv_smooth: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``[tokens, in]`` float rows through a packed int8 Linear, each row smoothed and quantized on its own range."""
+    import torch
+
+    rows = rows * inv_smooth
+    peak = torch.maximum(rows.amax(1, keepdim=True), rows.amin(1, keepdim=True).neg_()).clamp_(min=1e-8)  # [tokens, 1]
+    y = torch.ops.quantized.linear_dynamic(rows.div_(peak), packed, False)  # 8-bit u8 inputs: exact with 7-bit weights
+    return y.mul_(peak) if bias is None else y.mul_(peak).add_(bias)
 
 
 @functools.cache
@@ -107,18 +135,14 @@ def _int8_linear_class() -> type:
         def __init__(self, w_int8: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor,
                      bias: torch.Tensor | None) -> None:
             super().__init__()
-            self.register_buffer("w_int8", w_int8)  # [in, out], contiguous for _int_mm
+            self.register_buffer("w_int8", w_int8)  # [out, in]
             self.register_buffer("w_scale", w_scale)  # [out]
             self.register_buffer("inv_smooth", inv_smooth)  # [in]
             self.register_buffer("bias", bias)
+            self.packed = pack_weight(w_int8, w_scale)  # FBGEMM's layout of the same weights
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            rows, scale = _quantize_rows(x.reshape(-1, x.shape[-1]) * self.inv_smooth)
-            # int32 x float promotes: one pass converts and scales (the [tokens, 4 x hidden] result is the
-            # largest tensor of a layer, so every pass over it counts).
-            y = torch.mul(torch._int_mm(rows, self.w_int8), scale).mul_(self.w_scale)
-            if self.bias is not None:
-                y.add_(self.bias)
+            y = int8_linear(x.reshape(-1, x.shape[-1]), self.packed, self.inv_smooth, self.bias)
             return y.view(*x.shape[:-1], -1)
 
     return Int8Linear
@@ -186,7 +210,7 @@ def int8_weights(model: Any, calibrate: Callable[[], Any]) -> dict[str, torch.Te
         w = w * smooth
         scale = w.abs().amax(1).clamp(min=1e-8) / qmax
         q = gptq_round(w, xtx / smooth[:, None] / smooth[None, :], scale, qmax)
-        weights[f"{name}.w_int8"] = q.to(torch.int8).t().contiguous()
+        weights[f"{name}.w_int8"] = q.to(torch.int8)
         weights[f"{name}.w_scale"] = scale.float()
         weights[f"{name}.inv_smooth"] = (1 / smooth).float()
         if linear.bias is not None:
@@ -207,7 +231,7 @@ def fits(model: Any, weights: dict[str, torch.Tensor]) -> bool:
     expected = {}
     for name, linear in _targets(model).items():
         out_features, in_features = linear.weight.shape
-        expected[f"{name}.w_int8"] = (torch.int8, (in_features, out_features))
+        expected[f"{name}.w_int8"] = (torch.int8, (out_features, in_features))
         expected[f"{name}.w_scale"] = (torch.float32, (out_features,))
         expected[f"{name}.inv_smooth"] = (torch.float32, (in_features,))
         if linear.bias is not None:
@@ -234,7 +258,8 @@ def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
 # on the model, the passage format and the recipe below, so it is kept in the user's cache, as pip and Hugging Face
 # keep theirs, and read back instead (logged as "int8 FFN inputs read from ... in N s").
 
-CACHE_FORMAT = 1  # bump when int8_weights' recipe changes what it computes: old files then stop matching a key
+# Bump when int8_weights' recipe or layout changes what it writes: old files then stop matching a key.
+CACHE_FORMAT = 2  # 2: w_int8 [out, in], the layout FBGEMM packs
 
 
 def cache_key(passage_fingerprint_id: str) -> str:
@@ -312,7 +337,8 @@ def write_cached(path: Path, weights: dict[str, torch.Tensor]) -> bool:
 def int8_probe_speedup(repeats: int = 5) -> float:
     """float32 time / int8 time of one FFN-input Linear (quantizing the input included), one thread, best of each.
 
-    The two alternate, so that a busy machine slows both alike. ~0.3 s where int8 runs on AVX2 kernels.
+    The two alternate, so that a busy machine slows both alike. ~0.3 s where int8 runs on AVX2 kernels. 0 where
+    this torch has no int8 Linear kernels.
     """
     import torch
 
@@ -321,23 +347,21 @@ def int8_probe_speedup(repeats: int = 5) -> float:
     torch.set_num_threads(1)
     try:
         x = torch.randn(m, k)
-        w_t = torch.randn(k, n)
+        weight, bias = torch.randn(n, k), torch.randn(n)
         inv_smooth = torch.rand(k) + 0.5
-        w_int8 = torch.randint(-63, 64, (k, n), dtype=torch.int8)
-        # Outputs written in place: fresh 12 MiB results per call can leave a process in a state where glibc
-        # maps and faults them anew each time (half of fresh processes in trials, int8 then ~1.0x; encoding
-        # itself was not affected), and the probe is to compare the kernels.
-        acc, y = torch.empty(m, n, dtype=torch.int32), torch.empty(m, n)
+        try:
+            packed = pack_weight(torch.randint(-63, 64, (n, k), dtype=torch.int8), torch.rand(n) + 0.5)
+        except RuntimeError:  # no quantized engine in this build of torch
+            return 0.0
 
         def fp32():
-            torch.mm(x, w_t, out=y)
+            torch.nn.functional.linear(x, weight, bias)
 
         def int8():
-            rows, scale = _quantize_rows(x * inv_smooth)  # as Int8Linear.forward: smooth, then quantize
-            torch.mul(torch._int_mm(rows, w_int8, out=acc), scale, out=y)
+            int8_linear(x, packed, inv_smooth, bias)
 
         best = {fp32: float("inf"), int8: float("inf")}
-        for _ in range(2):  # warm-up: oneDNN builds its primitive on the first call
+        for _ in range(2):  # warm-up: the kernels' first calls set themselves up
             for fn in best:
                 fn()
         for _ in range(repeats):

@@ -146,6 +146,30 @@ def test_gptq_rounding_fits_the_calibration_inputs_better_than_rounding_to_neare
     assert error(gptq) < 0.5 * error(nearest)
 
 
+def test_each_token_is_quantized_on_its_own_range_and_the_gemm_adds_nothing_to_the_rounding() -> None:
+    generator = torch.Generator().manual_seed(0)
+    w_int8 = torch.randint(-63, 64, (256, 384), dtype=torch.int8, generator=generator)  # the engine's 7 bits
+    w_scale = torch.rand(256, generator=generator) * 0.01 + 0.001
+    inv_smooth = torch.rand(384, generator=generator) + 0.5
+    bias = torch.randn(256, generator=generator)
+    x = torch.randn(64, 384, generator=generator)
+    packed = int8_engine.pack_weight(w_int8, w_scale)
+    y = int8_engine.int8_linear(x, packed, inv_smooth, bias).double()
+    rows = x.double() * inv_smooth.double()
+    w = w_int8.double() * w_scale.double()[:, None]
+    # Each smoothed input lands within one step (2/255 of its token's largest magnitude) of its value, so an
+    # output moves at most a step times its weights' L1 norm. A saturating GEMM (weights beyond ±63 on AVX2
+    # kernels) breaks this by far, as would a step taken from the whole call's range.
+    step = 2 * rows.abs().amax(1, keepdim=True) / 255
+    assert ((y - (rows @ w.T + bias.double())).abs() <= step * w.abs().sum(1) + 1e-4).all()
+    # A token a thousand times louder leaves every other token's output exactly as it was.
+    loud = x.clone()
+    loud[0] *= 1000
+    louder = int8_engine.int8_linear(loud, packed, inv_smooth, bias).double()
+    assert torch.equal(louder[1:], y[1:])
+    torch.testing.assert_close(louder[0] - bias, 1000 * (y[0] - bias), rtol=1e-5, atol=1e-3)
+
+
 @pytest.mark.parametrize(("engine", "dtype_requested", "dtype", "device", "probe", "expected"), [
     ("auto", "auto", "float32", "cpu", 1.8, ("int8", "float32 on CPU, int8 probe 1.8x faster")),
     ("auto", "auto", "float32", "cpu", 1.1, ("torch", "float32 on CPU, int8 probe only 1.10x faster (< 1.3)")),
