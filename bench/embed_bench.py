@@ -8,7 +8,7 @@ and threads, in one process:
   the reference for speed and for the vectors;
 * **wikirag** ``Encoder.encode_passages`` at ``EncoderConfig``'s default
   batch size, four ways (each loaded with dtype and engine forced): float32
-  in torch; float32 with int8 FFN inputs (``rag_core.index.int8_engine``;
+  in torch; float32 with int8 q/k/v and FFN inputs (``rag_core.index.int8_engine``;
   quantized on its first call of >= 256 passages, untimed); float32 in ONNX
   Runtime (``rag_core.index.onnx_engine``, when ``wikirag[onnx]`` is
   installed; used for calls of >= 256 texts, so ``--passages`` must be at
@@ -60,6 +60,7 @@ ST_BATCH = 32  # sentence-transformers encode()'s default batch size
 WARMUP = 32
 CALIBRATION = 64  # passages outside the timed ones whose activations set the int8 rows' smoothing
 WIKIPEDIA_PASSAGES = 21_000_000  # full English Wikipedia in 100-word passages (DPR's figure)
+INT8_LABEL = "torch, int8 q/k/v + FFN inputs"  # the int8 engine's row (rag_core/index/int8_engine.TARGETS)
 
 
 def log(msg: str) -> None:
@@ -192,7 +193,7 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
 
     rows = [Row("sentence-transformers encode()", "float32", ST_BATCH, st_encode)]
     auto = Encoder.load(EncoderConfig(max_length=max_length))
-    engines = {"torch": "torch", "int8": "torch, int8 FFN inputs", "onnx": "ONNX Runtime"}
+    engines = {"torch": "torch", "int8": INT8_LABEL, "onnx": "ONNX Runtime"}
     for dtype, engine in (("float32", "torch"), ("float32", "int8"), ("float32", "onnx"), ("bfloat16", "torch")):
         if engine == "onnx" and not onnx_engine.available():
             continue
@@ -422,7 +423,7 @@ def report(info: RunInfo, args: argparse.Namespace, rows: list[Row], refs: dict[
         "",
         *[f"The int8 engine's untimed first call ({r.warmup} passages) took {r.warm_s:.1f} s, quantizing included "
           "(a float32 pass over its calibration text, then GPTQ rounding; once per process)." for r in rows
-          if "int8 FFN inputs" in r.label],
+          if INT8_LABEL in r.label],
         "",
         *([f"Alternatives (`--alternatives`, never picked by `auto`): set-up beyond loading the model "
            f"(int8 SmoothQuant: calibrating on {CALIBRATION} other passages), "

@@ -40,9 +40,9 @@ batch pads little (the output keeps the input order); inference runs under
 ``torch.inference_mode``. ``engine="auto"`` (the default) adds int8 where
 float32 is what a CPU runs (``rag_core.index.int8_engine``): on an AVX2-only
 CPU, where float32 GEMMs are the whole cost, calls of at least
-``int8_engine.MIN_TEXTS`` passages run each layer's FFN input as a calibrated
-int8 GEMM (vectors within cosine 0.999 of float32, tested on real passages;
-questions and small calls stay float32). Like the dtype, the engine is
+``int8_engine.MIN_TEXTS`` passages run each layer's query, key, value and
+FFN-input Linears as calibrated int8 GEMMs (vectors within cosine 0.999 of
+float32, tested on real passages; questions and small calls stay float32). Like the dtype, the engine is
 recorded in the fingerprint but not in ``fingerprint_id``. ``engine="onnx"`` (optional, ``pip install
 wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
 texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
@@ -105,9 +105,9 @@ class EncoderConfig(BaseModel):
     dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
                                "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
     engine: Literal["auto", "torch", "int8", "onnx"] = Field(
-        "auto", description="auto = int8 FFN inputs for calls of 256+ passages where dtype auto chose float32 "
-        "on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU; onnx = ONNX Runtime "
-        "for float32 on CPU (optional extra wikirag[onnx])")
+        "auto", description="auto = int8 q/k/v and FFN inputs for calls of 256+ passages where dtype auto chose "
+        "float32 on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU; onnx = ONNX "
+        "Runtime for float32 on CPU (optional extra wikirag[onnx])")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
@@ -213,7 +213,7 @@ def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
     """What ``engine="auto"`` runs here; decided (the int8 probe runs at most once) and logged once a process."""
     engine, why = int8_engine.decide_engine("auto", dtype_requested, dtype, device, int8_engine.int8_probe_speedup)
     if engine == "int8" or dtype == "float32":  # only where int8 was a candidate: bf16 says enough already
-        log.info("encoder engine %s: %s", "int8 (FFN inputs)" if engine == "int8" else engine, why)
+        log.info("encoder engine %s: %s", "int8 (q/k/v, FFN inputs)" if engine == "int8" else engine, why)
     return engine
 
 
@@ -273,10 +273,10 @@ class Encoder:
         self.config = config
         self.precision = precision  # the dtype the weights run in, and why
         self.engine = _engine(config, precision)
-        if self.engine == "int8" and config.engine == "auto" and not int8_engine.has_ffn_inputs(context.model):
+        if self.engine == "int8" and config.engine == "auto" and not int8_engine.has_targets(context.model):
             self.engine = "torch"  # auto never fails: a model int8 cannot run (not BERT-style) stays float32
         self._onnx: dict[int, OnnxTower] = {}  # id(tower) -> its exported session, built on first large call
-        self._int8: Any = None  # the passage tower with int8 FFN inputs, quantized on the first large call
+        self._int8: Any = None  # the passage tower with int8 Linears, quantized on the first large call
         self.kind = kind
         self.pooling = pooling
         self.normalize = normalize
@@ -411,12 +411,12 @@ class Encoder:
         return self._onnx[id(tower)]
 
     def _quantized(self, tower: _Tower) -> Any:
-        """The passage tower with int8 FFN inputs: from the user's cache, else calibrated on int8_engine's text."""
+        """The passage tower with int8 Linears: from the user's cache, else calibrated on int8_engine's text."""
         path = int8_engine.cache_path(int8_engine.cache_key(self.fingerprint_id))
         start = time.perf_counter()
         weights = int8_engine.read_cached(path, tower.model)
         if weights is not None:
-            log.info("encoder: int8 FFN inputs read from %s in %.2f s", path, time.perf_counter() - start)
+            log.info("encoder: int8 q/k/v and FFN inputs read from %s in %.2f s", path, time.perf_counter() - start)
             return int8_engine.swap_in(tower.model, weights)
         try:
             weights = int8_engine.int8_weights(tower.model, self._calibration_pass)
@@ -424,7 +424,7 @@ class Encoder:
             raise EncoderError(f"{tower.path}: engine int8 needs a BERT-style encoder ({exc}); "
                                "set engine to torch") from exc
         kept = int8_engine.write_cached(path, weights)
-        log.info("encoder: FFN inputs quantized to int8 in %.1f s%s", time.perf_counter() - start,
+        log.info("encoder: q/k/v and FFN inputs quantized to int8 in %.1f s%s", time.perf_counter() - start,
                  f" (kept in {path})" if kept else "")
         return int8_engine.swap_in(tower.model, weights)
 

@@ -1,12 +1,15 @@
-"""int8 FFN inputs for the passage tower on CPUs without native bf16 (``EncoderConfig(engine="int8")``).
+"""int8 attention projections and FFN inputs for the passage tower on CPUs without native bf16 (``engine="int8"``).
 
 Why it exists: where bf16 is not native (an AVX2-only AMD EPYC), the encoder
 runs in float32 at ~80% of MKL's GEMM peak, so only fewer or cheaper
 multiplies make it faster. int8 GEMMs run ~2x float32's rate there, but
 int8 done crudely loses the vectors (torch's dynamic quantization: cosine
 0.876 against float32, docs/benchmarks.md). This engine quantizes only the
-Linears that cost little cosine (each layer's FFN input, a third of the
-encoder's GEMM FLOPs), and quantizes them carefully:
+Linears that cost little cosine, each layer's query, key and value
+projections and its FFN input (:data:`TARGETS`, 7/12 of the encoder's
+Linear FLOPs; the attention output and the FFN output stay float32: with the
+attention output too, real passages fell to min cosine 0.99909, and the FFN
+output costs the most), and quantizes them carefully:
 
 - SmoothQuant's smoothing (Xiao et al., 2022): input channel j is divided by
   ``s_j = sqrt(max|x_j| / max|W_:j|)`` and the weight column multiplied by it
@@ -36,7 +39,7 @@ over :data:`CALIBRATION_FILE`, encyclopedic text written for this purpose
 as Wikipedia passages do), so the quantized weights depend on the model
 alone: every process, worker and machine that quantizes a model gets the
 same int8 weights, and vectors do not depend on which shard a passage was in.
-Quantizing takes a few seconds (the pass and the rounding), so the encoder
+Quantizing takes several seconds (the pass and the rounding), so the encoder
 does it on its first call of at least :data:`MIN_TEXTS` passages, never for
 questions, and keeps the result in the user's cache
 (``~/.cache/wikirag/int8/``, :func:`cache_path`): later processes, e.g. each
@@ -44,7 +47,7 @@ Dask worker of the next rebuild, read it back instead. A damaged or
 unwritable cache costs only the time to quantize again.
 
 ``engine="auto"`` (the default) picks this engine where ``dtype="auto"``
-resolved to float32 on a CPU and :func:`int8_probe_speedup` (the FFN-input
+resolved to float32 on a CPU and :func:`int8_probe_speedup` (an FFN-input
 GEMM, quantization included, against float32 on one thread) shows at least
 :data:`MIN_INT8_SPEEDUP`, for a BERT-style model (others stay float32 under
 ``auto``; an explicit ``engine="int8"`` refuses them); an explicit ``dtype``
@@ -68,8 +71,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("wikirag")
 
 MIN_TEXTS = 256  # passages in one call before quantizing (~4 s on AVX2) pays for itself
-# The probe's int8 rate over float32 for auto to pick this engine. The FFN input is about a quarter of the
-# encoder's time, so 1.2x there is ~4% for the encoder; a CPU whose int8 is no faster probes ~1.0 (+-0.1).
+# The probe's int8 rate over float32 for auto to pick this engine. The quantized Linears are about half the
+# encoder's float32 time, so 1.2x there is ~8% for the encoder; a CPU whose int8 is no faster probes ~1.0 (+-0.1).
 MIN_INT8_SPEEDUP = 1.2
 WEIGHT_BITS = 7  # exact on AVX2 kernels (see the module docstring); 8 saturates there
 SMOOTHING = 0.5  # SmoothQuant's alpha: 0.35-0.5 held the most cosine in trials, 0.8 lost it
@@ -77,13 +80,21 @@ CALIBRATION_FILE = Path(__file__).with_name("int8_calibration.txt")
 _PROBE_SHAPE = (2048, 384, 1536)  # a batch of 16 passages' tokens x hidden @ hidden x FFN: one FFN input
 
 
-def is_ffn_input(name: str) -> bool:
-    """The FFN's input Linear of a BERT-style layer (BERT, DPR, MiniLM, RoBERTa all name it so)."""
-    return name.endswith("intermediate.dense")
+# The Linears quantized, by the names BERT, DPR, MiniLM and RoBERTa give them: the attention's input projections
+# and the FFN's input. Held to AVX2, on 600 real passages these held min cosine 0.99933 (the FFN input alone
+# 0.99952) and encoded 1.13x faster than the FFN input alone; on all 4,391 of the sample, min 0.99900 and 1st
+# percentile 0.99937 (the FFN input alone: 0.99924, 0.99964), the worst passage a list of ISBNs for both. Adding
+# the attention output (attention.output.dense) fell to 0.99909 on the 600 for ~no further speed.
+TARGETS = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")
 
 
-def has_ffn_inputs(model: Any) -> bool:
-    """Whether ``model`` has a Linear this engine quantizes (see :func:`is_ffn_input`)."""
+def is_target(name: str) -> bool:
+    """Whether the Linear named ``name`` in a BERT-style model is one this engine runs int8 (:data:`TARGETS`)."""
+    return name.endswith(TARGETS)
+
+
+def has_targets(model: Any) -> bool:
+    """Whether ``model`` has a Linear this engine quantizes (see :func:`is_target`)."""
     return bool(_targets(model))
 
 
@@ -175,16 +186,17 @@ def gptq_round(w: torch.Tensor, hessian: torch.Tensor, scale: torch.Tensor, qmax
 
 
 def int8_weights(model: Any, calibrate: Callable[[], Any]) -> dict[str, torch.Tensor]:
-    """What :func:`swap_in` needs to run ``model``'s FFN inputs int8; ``calibrate()`` runs ``model`` over the text.
+    """What :func:`swap_in` needs to run ``model``'s :data:`TARGETS` int8; ``calibrate()`` runs ``model`` over the text.
 
     Keys are ``<module name>.<buffer>`` (``w_int8``, ``w_scale``, ``inv_smooth`` and ``bias`` where the Linear has
-    one). Raises ValueError when the model has no FFN-input Linear (not BERT-style).
+    one). Raises ValueError when the model has none of them (not BERT-style).
     """
     import torch
 
     targets = _targets(model)
     if not targets:
-        raise ValueError("no BERT-style FFN input Linear (a module named ...intermediate.dense)")
+        raise ValueError("no BERT-style Linear to quantize (modules named ...intermediate.dense, "
+                         "...attention.self.query)")
     stats: dict[str, list] = {}
 
     def record(name: str):
@@ -223,11 +235,11 @@ def int8_weights(model: Any, calibrate: Callable[[], Any]) -> dict[str, torch.Te
 def _targets(model: Any) -> dict[str, Any]:
     import torch
 
-    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and is_ffn_input(name)}
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and is_target(name)}
 
 
 def fits(model: Any, weights: dict[str, torch.Tensor]) -> bool:
-    """Whether ``weights`` are int8 weights of exactly ``model``'s FFN inputs, with their shapes and dtypes."""
+    """Whether ``weights`` are int8 weights of exactly ``model``'s targets, with their shapes and dtypes."""
     import torch
 
     expected = {}
@@ -244,7 +256,7 @@ def fits(model: Any, weights: dict[str, torch.Tensor]) -> bool:
 
 
 def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
-    """A copy of ``model`` whose FFN-input Linears are :func:`int8_weights`' int8 modules (``model`` is untouched)."""
+    """A copy of ``model`` whose target Linears are :func:`int8_weights`' int8 modules (``model`` is untouched)."""
     quantized = copy.deepcopy(model)
     for name in _targets(model):
         module = _int8_linear_class()(weights[f"{name}.w_int8"], weights[f"{name}.w_scale"],
@@ -256,12 +268,12 @@ def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
 
 # -- the user's cache of quantized weights -----------------------------------------------------------------------
 # Quantizing costs each process seconds (a float32 pass over the calibration text, then GPTQ; the log line
-# "FFN inputs quantized to int8 in N s" says how many), every Dask worker of every rebuild. The result depends only
+# "quantized to int8 in N s" says how many), every Dask worker of every rebuild. The result depends only
 # on the model, the passage format and the recipe below, so it is kept in the user's cache, as pip and Hugging Face
-# keep theirs, and read back instead (logged as "int8 FFN inputs read from ... in N s").
+# keep theirs, and read back instead (logged as "int8 weights read from ... in N s").
 
 # Bump when int8_weights' recipe or layout changes what it writes: old files then stop matching a key.
-CACHE_FORMAT = 2  # 2: w_int8 [out, in], the layout FBGEMM packs
+CACHE_FORMAT = 3  # 2: w_int8 [out, in], the layout FBGEMM packs; 3: q, k, v quantized too
 
 
 def cache_key(passage_fingerprint_id: str) -> str:
@@ -305,7 +317,7 @@ def read_cached(path: Path, model: Any) -> dict[str, torch.Tensor] | None:
                     path, type(exc).__name__, str(exc)[:120])
         return None
     if not isinstance(weights, dict) or not fits(model, weights):
-        log.warning("%s: cached int8 weights do not fit this model's FFN inputs; quantizing again and replacing it",
+        log.warning("%s: cached int8 weights do not fit this model's Linears; quantizing again and replacing it",
                     path)
         return None
     return weights

@@ -1,4 +1,4 @@
-"""The int8 engine: calibrated int8 FFN inputs hold the vectors, and the auto rule picks it only where it should."""
+"""The int8 engine: calibrated int8 q/k/v and FFN inputs hold the vectors; auto picks it only where it should."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def test_int8_vectors_stay_within_cosine_0999_of_float32_on_real_passages(
     # Interchangeable with float32 vectors, as bf16 ones are: the embedding files' key does not change.
     assert encoder.fingerprint_id == Encoder.load(EncoderConfig(dtype="float32", engine="torch")).fingerprint_id
     vectors = encoder.encode_passages(*passages)
-    assert _int8_modules(encoder._int8) == [f"encoder.layer.{i}.intermediate.dense" for i in range(6)]
+    assert _int8_modules(encoder._int8) == [f"encoder.layer.{i}.{part}" for i in range(6) for part in
+                                            ("attention.self.query", "attention.self.key", "attention.self.value",
+                                             "intermediate.dense")]
     cosine = (vectors * float32_vectors).sum(1)  # both L2-normalised
     assert cosine.min() >= 0.999, f"worst passage at cosine {cosine.min():.5f}"
     assert np.abs(vectors - float32_vectors).max() > 1e-4  # int8 did run: the vectors moved, a little
@@ -77,7 +79,7 @@ def test_calibrating_never_recurses_when_the_calibration_itself_is_a_large_call(
     encoder = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
     titles, texts = passages
     vectors = encoder.encode_passages(titles[:64], texts[:64])
-    assert len(_int8_modules(encoder._int8)) == 6
+    assert len(_int8_modules(encoder._int8)) == 6 * len(int8_engine.TARGETS)
     assert (vectors * float32_vectors[:64]).sum(1).min() >= 0.999
 
 
@@ -102,7 +104,7 @@ def test_quantized_weights_are_kept_in_the_users_cache_and_read_back(
     # The next process (another encoder of the same model) reads the weights back instead of calibrating.
     second = Encoder.load(EncoderConfig(dtype="float32", engine="int8"))
     np.testing.assert_array_equal(second.encode_passages(titles, texts), vectors)
-    assert not calibrations and len(_int8_modules(second._int8)) == 6
+    assert not calibrations and len(_int8_modules(second._int8)) == 6 * len(int8_engine.TARGETS)
     kept = next(folder.iterdir())
     weights = int8_engine.read_cached(kept, second.context.model)
     assert weights is not None and not int8_engine.fits(
