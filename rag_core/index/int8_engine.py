@@ -31,7 +31,7 @@ output costs the most), and quantizes them carefully:
   rounding error is spread over the columns not yet rounded, weighted by the
   inverse of the inputs' second moments. On real passages this halves the
   cosine loss of rounding to nearest (min cosine 0.99916 -> 0.99952 in the
-  embedding bench held to AVX2).
+  embedding bench held to AVX2, with the FFN input alone quantized).
 
 The statistics (``max|x_j|`` and ``X^T X`` per layer) come from a float32 pass
 over :data:`CALIBRATION_FILE`, encyclopedic text written for this purpose
@@ -81,10 +81,10 @@ _PROBE_SHAPE = (2048, 384, 1536)  # a batch of 16 passages' tokens x hidden @ hi
 
 
 # The Linears quantized, by the names BERT, DPR, MiniLM and RoBERTa give them: the attention's input projections
-# and the FFN's input. Held to AVX2, on 600 real passages these held min cosine 0.99933 (the FFN input alone
-# 0.99952) and encoded 1.13x faster than the FFN input alone; on all 4,391 of the sample, min 0.99900 and 1st
-# percentile 0.99937 (the FFN input alone: 0.99924, 0.99964), the worst passage a list of ISBNs for both. Adding
-# the attention output (attention.output.dense) fell to 0.99909 on the 600 for ~no further speed.
+# and the FFN's input: 1.24x float32's passages/s held to AVX2 in bench/embed_bench.py (the FFN input alone:
+# 1.17x). Against float32 on all 4,391 passages of the sample: min cosine 0.99900, 1st percentile 0.99937 (the
+# FFN input alone: 0.99924, 0.99964), the worst passage a list of ISBNs for both. Adding the attention output
+# (attention.output.dense) fell to 0.99909 on 600 passages for ~no further speed.
 TARGETS = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")
 
 
