@@ -42,8 +42,9 @@ float32 is what a CPU runs (``rag_core.index.int8_engine``): on an AVX2-only
 CPU, where float32 GEMMs are the whole cost, calls of at least
 ``int8_engine.MIN_TEXTS`` passages run each layer's query, key, value and
 FFN-input Linears as calibrated int8 GEMMs (vectors within cosine 0.999 of
-float32, tested on real passages; questions and small calls stay float32). Like the dtype, the engine is
-recorded in the fingerprint but not in ``fingerprint_id``. ``engine="onnx"`` (optional, ``pip install
+float32, tested on real passages; questions and small calls stay float32).
+Like the dtype, the engine is recorded in the fingerprint but not in
+``fingerprint_id``. ``engine="onnx"`` (optional, ``pip install
 wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
 texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
 no engine wins on every CPU: in float32 it ran 6-12% faster than torch on an

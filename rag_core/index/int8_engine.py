@@ -70,7 +70,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wikirag")
 
-MIN_TEXTS = 256  # passages in one call before quantizing (~4 s on AVX2) pays for itself
+# Passages in one call before it quantizes. The first quantizing on a machine (~6 s held to AVX2) repays itself only
+# over ~800 passages; later processes read the cache (under a second), which 256 passages repay.
+MIN_TEXTS = 256
 # The probe's int8 rate over float32 for auto to pick this engine. The quantized Linears are about half the
 # encoder's float32 time, so 1.2x there is ~8% for the encoder; a CPU whose int8 is no faster probes ~1.0 (+-0.1).
 MIN_INT8_SPEEDUP = 1.2
