@@ -106,8 +106,8 @@ class EncoderConfig(BaseModel):
     dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
                                "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
     engine: Literal["auto", "torch", "int8", "onnx"] = Field(
-        "auto", description="auto = int8 q/k/v and FFN inputs for calls of 256+ passages where dtype auto chose "
-        "float32 on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU; onnx = ONNX "
+        "auto", description=f"auto = int8 {int8_engine.TARGETS_LABEL} for calls of 256+ passages where dtype auto "
+        "chose float32 on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU; onnx = ONNX "
         "Runtime for float32 on CPU (optional extra wikirag[onnx])")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
@@ -214,7 +214,7 @@ def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
     """What ``engine="auto"`` runs here; decided (the int8 probe runs at most once) and logged once a process."""
     engine, why = int8_engine.decide_engine("auto", dtype_requested, dtype, device, int8_engine.int8_probe_speedup)
     if engine == "int8" or dtype == "float32":  # only where int8 was a candidate: bf16 says enough already
-        log.info("encoder engine %s: %s", "int8 (q/k/v, FFN inputs)" if engine == "int8" else engine, why)
+        log.info("encoder engine %s: %s", f"int8 ({int8_engine.TARGETS_LABEL})" if engine == "int8" else engine, why)
     return engine
 
 
@@ -417,7 +417,8 @@ class Encoder:
         start = time.perf_counter()
         weights = int8_engine.read_cached(path, tower.model)
         if weights is not None:
-            log.info("encoder: int8 q/k/v and FFN inputs read from %s in %.2f s", path, time.perf_counter() - start)
+            log.info("encoder: int8 %s read from %s in %.2f s", int8_engine.TARGETS_LABEL, path,
+                     time.perf_counter() - start)
             return int8_engine.swap_in(tower.model, weights)
         try:
             weights = int8_engine.int8_weights(tower.model, self._calibration_pass)
@@ -425,7 +426,7 @@ class Encoder:
             raise EncoderError(f"{tower.path}: engine int8 needs a BERT-style encoder ({exc}); "
                                "set engine to torch") from exc
         kept = int8_engine.write_cached(path, weights)
-        log.info("encoder: q/k/v and FFN inputs quantized to int8 in %.1f s%s", time.perf_counter() - start,
+        log.info("encoder: %s quantized to int8 in %.1f s%s", int8_engine.TARGETS_LABEL, time.perf_counter() - start,
                  f" (kept in {path})" if kept else "")
         return int8_engine.swap_in(tower.model, weights)
 

@@ -70,8 +70,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wikirag")
 
-# Passages in one call before it quantizes. The first quantizing on a machine (~6 s held to AVX2) repays itself only
-# over ~800 passages; later processes read the cache (under a second), which 256 passages repay.
+# Passages in one call before it quantizes. The first quantizing on a machine (the log line times it) costs more
+# than 256 passages save; later processes read the user's cache instead, which 256 passages do repay.
 MIN_TEXTS = 256
 # The probe's int8 rate over float32 for auto to pick this engine. The quantized Linears are about half the
 # encoder's float32 time, so 1.2x there is ~8% for the encoder; a CPU whose int8 is no faster probes ~1.0 (+-0.1).
@@ -88,6 +88,7 @@ _PROBE_SHAPE = (2048, 384, 1536)  # a batch of 16 passages' tokens x hidden @ hi
 # FFN input alone: 0.99924, 0.99964), the worst passage a list of ISBNs for both. Adding the attention output
 # (attention.output.dense) fell to 0.99909 on 600 passages for ~no further speed.
 TARGETS = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")
+TARGETS_LABEL = "q/k/v and FFN inputs"  # how logs, help and the embedding bench name TARGETS
 
 
 def is_target(name: str) -> bool:
@@ -272,7 +273,7 @@ def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
 # Quantizing costs each process seconds (a float32 pass over the calibration text, then GPTQ; the log line
 # "quantized to int8 in N s" says how many), every Dask worker of every rebuild. The result depends only
 # on the model, the passage format and the recipe below, so it is kept in the user's cache, as pip and Hugging Face
-# keep theirs, and read back instead (logged as "int8 weights read from ... in N s").
+# keep theirs, and read back instead (logged as "int8 ... read from <path> in N s").
 
 # Bump when int8_weights' recipe or layout changes what it writes: old files then stop matching a key.
 CACHE_FORMAT = 3  # 2: w_int8 [out, in], the layout FBGEMM packs; 3: q, k, v quantized too
