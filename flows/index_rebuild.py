@@ -12,7 +12,9 @@ worker's settings once and passes them in. Without Prefect, the same build is
 
 from __future__ import annotations
 
-from prefect import flow, task, unmapped
+from prefect import flow, unmapped
+from prefect.context import get_run_context
+from prefect_dask import DaskTaskRunner
 
 from flows.ingest import dask_runner, ingest
 from flows.settings import Settings, StoreAccess, quiet_environment
@@ -34,12 +36,17 @@ from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
 quiet_environment()
 
 
-@task
 def scheduler_address() -> str:
-    """The address of the Dask cluster this flow runs on, so the ingest subflow shares it."""
-    from distributed import get_worker
+    """The address of the Dask cluster this flow runs on, so the ingest subflow shares it.
 
-    return get_worker().scheduler.address
+    Read from the flow's task runner (its client starts or joins the cluster on first use), not from a task on a
+    worker: the local server's SQLite was still writing that task's states when the subflow was created, answered
+    503, and Prefect's client retried only after ~2 s (5 of 5 rebuild starts logged at DEBUG on 2 cores).
+    """
+    runner = get_run_context().task_runner
+    if not isinstance(runner, DaskTaskRunner):
+        raise TypeError(f"index_rebuild runs on a DaskTaskRunner, not {type(runner).__name__}")
+    return runner.client.scheduler.address
 
 
 @flow(name="index_rebuild", task_runner=dask_runner(None, None), validate_parameters=True)
@@ -58,7 +65,7 @@ def index_rebuild(
     after a crash skips finished shards. Published versions are never touched.
     """
     target = store.store()
-    address = scheduler_address.submit().result()
+    address = scheduler_address()
     passages_url = ingest.with_options(task_runner=dask_runner(address, None))(config=ingest_config, store=store)
 
     plan = plan_index(target, passages_url, embed, index, gate)
