@@ -20,18 +20,29 @@ The rule (:func:`decide_precision`, pure, so tests cover every branch):
 
 Faithfulness is the callers' part: bf16 weights keep cosine >= 0.999 for the
 encoders (tested in tests/rag_core/index/test_encoders.py).
+
+Timed probes (this one, and the int8 engine's) are kept per machine by
+:func:`cached_probe`: the first process on a CPU measures, later ones (each Dask
+worker, each ``wikirag ask``) read the verdict instead of spending up to
+~0.5 s on it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import hashlib
+import json
 import logging
+import math
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 log = logging.getLogger("wikirag")
@@ -147,6 +158,65 @@ def bf16_probe_speedup(repeats: int = 7) -> float:
         torch.set_num_threads(threads)
 
 
+# What makes a probe's verdict hold for a machine: the CPU, torch, and the variables that limit its kernels'
+# instruction sets (a process held to AVX2 measures differently from one that is not).
+_ISA_ENV = (*AVX2_EMULATION, "DNNL_MAX_CPU_ISA", "MKL_DEBUG_CPU_TYPE", "MKL_CBWR")
+PROBE_CACHE_FORMAT = 1  # bump when a probe's measurement changes meaning: old verdicts stop matching
+
+
+def probe_cache_path() -> Path:
+    """``<user cache>/probes.json`` (:func:`rag_core.storage.user_cache_dir`): timed probes' verdicts by machine."""
+    from rag_core.storage import user_cache_dir
+
+    return user_cache_dir() / "probes.json"
+
+
+def _probe_key(name: str) -> str:
+    import torch
+
+    model, flags = _cpuinfo()
+    facts = {"probe": name, "format": PROBE_CACHE_FORMAT, "cpu": model, "flags": sorted(flags),
+             "torch": torch.__version__, "capability": cpu_capability(),
+             "env": {k: os.environ.get(k) for k in _ISA_ENV}}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _read_probes(path: Path) -> dict:
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # torn or not ours: measure again and replace it
+        log.debug("%s: unreadable probe cache (%s); measuring again", path, exc)
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def cached_probe(name: str, probe: Callable[[], float]) -> float:
+    """``probe()`` for this machine, measured once and kept in :func:`probe_cache_path` under a key of the CPU
+    (model and flags), torch and its instruction-set variables, so the same CPU gets the same verdict without
+    timing it again. A cache that cannot be read or written costs only the measurement."""
+    path, key = probe_cache_path(), _probe_key(name)
+    kept = _read_probes(path).get(key)
+    if isinstance(kept, dict) and isinstance(kept.get("value"), (int, float)) and math.isfinite(kept["value"]) \
+            and kept["value"] >= 0:
+        return float(kept["value"])
+    value = probe()
+    entries = _read_probes(path)  # again: another process may have added its own since
+    entries[key] = {"probe": name, "value": value, "cpu": _cpuinfo()[0],
+                    "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)  # whole or not at all for a reader
+    except OSError as exc:  # a read-only or full home: the next process measures again
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        log.debug("could not keep the %s probe in %s: %s", name, path, exc)
+    return value
+
+
 def decide_precision(requested: DtypeChoice, device: str, *, capability: str = "", cpu_flags: frozenset[str] = frozenset(),
                      probe: float | None = None, cuda_bf16: bool = False) -> Precision:
     """The rule in the module docstring, with the facts passed in (``probe``: bf16 speed-up, None = not run)."""
@@ -228,6 +298,6 @@ def choose_precision(requested: DtypeChoice = "auto", device: str = "cpu") -> Pr
         capability = cpu_capability()
         needs_probe = capability.upper().startswith("AVX512") and any(f in flags for f in _NATIVE_BF16_FLAGS)
         precision = decide_precision("auto", device, capability=capability, cpu_flags=frozenset(flags),
-                                     probe=bf16_probe_speedup() if needs_probe else None)
+                                     probe=cached_probe("bf16-matmul", bf16_probe_speedup) if needs_probe else None)
     log.info("model dtype %s on %s: %s", precision.dtype, device, precision.reason)
     return precision

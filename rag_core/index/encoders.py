@@ -212,7 +212,7 @@ def weights_sha256(path: Path) -> str:
 @lru_cache(maxsize=None)
 def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
     """What ``engine="auto"`` runs here; decided (the int8 probe runs at most once) and logged once a process."""
-    engine, why = int8_engine.decide_engine("auto", dtype_requested, dtype, device, int8_engine.int8_probe_speedup)
+    engine, why = int8_engine.decide_engine("auto", dtype_requested, dtype, device, int8_engine.measured_speedup)
     if engine == "int8" or dtype == "float32":  # only where int8 was a candidate: bf16 says enough already
         log.info("encoder engine %s: %s", f"int8 ({int8_engine.TARGETS_LABEL})" if engine == "int8" else engine, why)
     return engine

@@ -53,6 +53,8 @@ GEMM, quantization included, against float32 on one thread) shows at least
 ``auto``; an explicit ``engine="int8"`` refuses them); an explicit ``dtype``
 or ``engine`` wins. Where torch has no int8 Linear kernels (a build without
 FBGEMM, oneDNN or QNNPACK) the probe reports 0 and ``auto`` stays float32.
+The probe is timed once per CPU and kept (:func:`measured_speedup`): each Dask
+worker of a rebuild reads the verdict instead of timing it again (~0.5 s).
 """
 
 from __future__ import annotations
@@ -391,6 +393,13 @@ def int8_probe_speedup(repeats: int = 7) -> float:
         return best[fp32] / best[int8]
     finally:
         torch.set_num_threads(threads)
+
+
+def measured_speedup() -> float:
+    """:func:`int8_probe_speedup` of this machine, timed once per CPU and kept (:func:`rag_core.hardware.cached_probe`)."""
+    from rag_core.hardware import cached_probe
+
+    return cached_probe("int8-linear", int8_probe_speedup)
 
 
 def decide_engine(requested: str, dtype_requested: str, dtype: str, device: str,

@@ -16,9 +16,11 @@ from rag_core.hardware import (
     AVX2_EMULATION,
     MIN_BF16_SPEEDUP,
     Hardware,
+    cached_probe,
     choose_precision,
     decide_precision,
     describe,
+    probe_cache_path,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,3 +144,44 @@ def test_models_on_cpu_reuse_freed_memory_instead_of_faulting_pages_in_again() -
     # Dask's nanny default is not a user's choice and is overridden; any other malloc variable wins.
     assert _encode_faults("tuned", {"MALLOC_TRIM_THRESHOLD_": "65536"})["tuned"]
     assert not _encode_faults("tuned", {"MALLOC_TOP_PAD_": "131072"})["tuned"]
+
+
+def test_a_probe_is_timed_once_per_machine_and_kept_in_the_users_cache(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timed: list[str] = []
+
+    def probe(value: float):
+        return lambda: timed.append(f"{value}") or value
+
+    assert cached_probe("matmul", probe(1.7)) == 1.7
+    assert cached_probe("matmul", probe(9.9)) == 1.7  # read back, not timed again
+    assert cached_probe("linear", probe(0.8)) == 0.8  # another probe: its own verdict
+    assert timed == ["1.7", "0.8"]
+    kept = json.loads(probe_cache_path().read_text())
+    assert probe_cache_path() == tmp_path / "wikirag" / "probes.json"
+    assert sorted((e["probe"], e["value"]) for e in kept.values()) == [("linear", 0.8), ("matmul", 1.7)]
+    # The same CPU with its kernels held to another instruction set measures differently: a machine of its own.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cached_probe("matmul", probe(0.02)) == 0.02
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert cached_probe("matmul", probe(9.9)) == 1.7
+    assert timed == ["1.7", "0.8", "0.02"]
+
+
+def test_a_damaged_or_unwritable_probe_cache_costs_only_the_measurement(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = probe_cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("{torn")
+    assert cached_probe("matmul", lambda: 2.0) == 2.0
+    assert cached_probe("matmul", lambda: 3.0) == 2.0  # the torn file was replaced by a whole one
+    entries = json.loads(path.read_text())
+    path.write_text(json.dumps({k: {**e, "value": "fast"} for k, e in entries.items()}))
+    assert cached_probe("matmul", lambda: 4.0) == 4.0  # a verdict that is not a number is measured again
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # nothing can be read or written under it
+    assert cached_probe("matmul", lambda: 5.0) == 5.0
+    assert cached_probe("matmul", lambda: 6.0) == 6.0

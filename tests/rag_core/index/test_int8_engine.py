@@ -200,6 +200,21 @@ def test_this_machines_auto_engine_follows_the_rule() -> None:
     assert _engine(EncoderConfig(), Precision("bfloat16", "for the test")) == "torch"
 
 
+def test_auto_reads_the_int8_verdict_this_cpu_left_in_the_users_cache(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verdict kept for this machine decides auto without timing the probe again (each Dask worker's case)."""
+    from rag_core.hardware import cached_probe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cached_probe("int8-linear", lambda: 0.5) == 0.5  # as if int8 had timed slower on this CPU
+    monkeypatch.setattr(int8_engine, "int8_probe_speedup", lambda: pytest.fail("the probe was timed again"))
+    encoders._auto_engine.cache_clear()
+    try:
+        assert _engine(EncoderConfig(), Precision("float32", "for the test")) == "torch"
+    finally:
+        encoders._auto_engine.cache_clear()
+
+
 def test_int8_refuses_what_it_cannot_run_and_auto_passes_it_by(tmp_path: Path, passages: tuple[list[str], list[str]],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EncoderError, match="engine int8 runs float32 models on CPU, not bfloat16 on cpu"):
