@@ -29,7 +29,6 @@ worker, each ``wikirag ask``) read the verdict instead of spending up to
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -171,11 +170,10 @@ def probe_cache_path() -> Path:
     return user_cache_dir() / "probes.json"
 
 
-def _probe_key(name: str) -> str:
+def _probe_key(name: str, cpu_model: str, cpu_flags: set[str]) -> str:
     import torch
 
-    model, flags = _cpuinfo()
-    facts = {"probe": name, "format": PROBE_CACHE_FORMAT, "cpu": model, "flags": sorted(flags),
+    facts = {"probe": name, "format": PROBE_CACHE_FORMAT, "cpu": cpu_model, "flags": sorted(cpu_flags),
              "torch": torch.__version__, "capability": cpu_capability(),
              "env": {k: os.environ.get(k) for k in _ISA_ENV}}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
@@ -192,27 +190,32 @@ def _read_probes(path: Path) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
+def kept_probe(name: str) -> float | None:
+    """This machine's kept verdict of the probe ``name`` (see :func:`cached_probe`); None when there is none."""
+    kept = _read_probes(probe_cache_path()).get(_probe_key(name, *_cpuinfo()))
+    value = kept.get("value") if isinstance(kept, dict) else None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
 def cached_probe(name: str, probe: Callable[[], float]) -> float:
     """``probe()`` for this machine, measured once and kept in :func:`probe_cache_path` under a key of the CPU
     (model and flags), torch and its instruction-set variables, so the same CPU gets the same verdict without
     timing it again. A cache that cannot be read or written costs only the measurement."""
-    path, key = probe_cache_path(), _probe_key(name)
-    kept = _read_probes(path).get(key)
-    if isinstance(kept, dict) and isinstance(kept.get("value"), (int, float)) and math.isfinite(kept["value"]) \
-            and kept["value"] >= 0:
-        return float(kept["value"])
+    kept = kept_probe(name)
+    if kept is not None:
+        return kept
     value = probe()
+    path, (model, flags) = probe_cache_path(), _cpuinfo()
     entries = _read_probes(path)  # again: another process may have added its own since
-    entries[key] = {"probe": name, "value": value, "cpu": _cpuinfo()[0],
-                    "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    entries[_probe_key(name, model, flags)] = {"probe": name, "value": value, "cpu": model,
+                                               "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from rag_core.storage import write_aside
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)  # whole or not at all for a reader
+        write_aside(path, lambda f: f.write(json.dumps(entries, indent=1, sort_keys=True).encode()))
     except OSError as exc:  # a read-only or full home: the next process measures again
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         log.debug("could not keep the %s probe in %s: %s", name, path, exc)
     return value
 

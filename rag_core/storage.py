@@ -14,11 +14,11 @@ import json
 import os
 import posixpath
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -50,6 +50,24 @@ def user_cache_dir() -> Path:
     """This machine's cache of things wikirag can always make again (``$XDG_CACHE_HOME/wikirag``, else
     ``~/.cache/wikirag``): the Prefect database template, int8 encoder weights. Never a store's data."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wikirag"
+
+
+def write_aside(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Make the local file ``path`` with ``write(f)``: written to a temporary file beside it, then renamed over it,
+    so a reader (another process sharing the user's cache) sees the old file or the whole new one, never half.
+    Raises OSError (a read-only or full disk); no temporary file is left behind either way."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def join_url(base: str, *parts: str) -> str:

@@ -329,22 +329,14 @@ def read_cached(path: Path, model: Any) -> dict[str, torch.Tensor] | None:
 
 
 def write_cached(path: Path, weights: dict[str, torch.Tensor]) -> bool:
-    """Keep ``weights`` at ``path`` (written aside, then renamed: readers never see half a file). False if it failed."""
-    import os
-    import tempfile
-
+    """Keep ``weights`` at ``path`` (:func:`rag_core.storage.write_aside`: readers never see half a file). False if it
+    failed."""
     import torch
 
+    from rag_core.storage import write_aside
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(weights, f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_aside(path, lambda f: torch.save(weights, f))
     except OSError as exc:  # a read-only or full home: the next process quantizes again, nothing else changes
         log.warning("could not keep the int8 weights in %s (%s); each process will quantize again",
                     path, exc.strerror or exc)
@@ -395,11 +387,14 @@ def int8_probe_speedup(repeats: int = 7) -> float:
         torch.set_num_threads(threads)
 
 
+PROBE_NAME = "int8-linear"  # its verdict's name in the user's probe cache
+
+
 def measured_speedup() -> float:
     """:func:`int8_probe_speedup` of this machine, timed once per CPU and kept (:func:`rag_core.hardware.cached_probe`)."""
     from rag_core.hardware import cached_probe
 
-    return cached_probe("int8-linear", int8_probe_speedup)
+    return cached_probe(PROBE_NAME, int8_probe_speedup)
 
 
 def decide_engine(requested: str, dtype_requested: str, dtype: str, device: str,

@@ -20,6 +20,7 @@ from rag_core.hardware import (
     choose_precision,
     decide_precision,
     describe,
+    kept_probe,
     probe_cache_path,
 )
 
@@ -158,6 +159,7 @@ def test_a_probe_is_timed_once_per_machine_and_kept_in_the_users_cache(tmp_path:
     assert cached_probe("matmul", probe(9.9)) == 1.7  # read back, not timed again
     assert cached_probe("linear", probe(0.8)) == 0.8  # another probe: its own verdict
     assert timed == ["1.7", "0.8"]
+    assert (kept_probe("matmul"), kept_probe("never timed")) == (1.7, None)
     kept = json.loads(probe_cache_path().read_text())
     assert probe_cache_path() == tmp_path / "wikirag" / "probes.json"
     assert sorted((e["probe"], e["value"]) for e in kept.values()) == [("linear", 0.8), ("matmul", 1.7)]

@@ -206,7 +206,7 @@ def test_auto_reads_the_int8_verdict_this_cpu_left_in_the_users_cache(tmp_path: 
     from rag_core.hardware import cached_probe
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cached_probe("int8-linear", lambda: 0.5) == 0.5  # as if int8 had timed slower on this CPU
+    assert cached_probe(int8_engine.PROBE_NAME, lambda: 0.5) == 0.5  # as if int8 had timed slower on this CPU
     monkeypatch.setattr(int8_engine, "int8_probe_speedup", lambda: pytest.fail("the probe was timed again"))
     encoders._auto_engine.cache_clear()
     try:
