@@ -6,29 +6,33 @@ worker and the dask workers):
 
 | service | what runs | address |
 |---|---|---|
-| ``s3`` | SeaweedFS (``weed mini``) with one identity from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` | ``http://127.0.0.1:8333`` |
-| ``mlflow`` | ``mlflow server``: SQLite backend in the workspace, artifacts on ``s3://wikirag-mlflow/`` | ``http://127.0.0.1:5000`` |
-| ``prefect`` | ``prefect server start`` (UI included), state in ``<home>/prefect`` | ``http://127.0.0.1:4200/api`` |
+| ``s3`` | SeaweedFS (``weed mini``): the store's identity and MLflow's, one bucket each | ``http://127.0.0.1:8333`` |
+| ``mlflow`` | ``mlflow server --app-name basic-auth``: SQLite backend and users in the workspace, artifacts on
+  ``s3://wikirag-mlflow/`` | ``http://127.0.0.1:5000`` |
+| ``prefect`` | ``prefect server start`` (UI), basic auth, state in ``<home>/prefect`` | ``http://127.0.0.1:4200/api`` |
 | ``worker`` | ``prefect worker start --pool wikirag-process --type process`` with the settings below | |
-| ``dask`` | ``dask scheduler`` | ``tcp://127.0.0.1:8786`` |
-| ``dask-workers`` | ``dask worker --nworkers N --nthreads 1`` | |
+| ``dask`` | ``dask scheduler`` over TLS, encryption required | ``tls://127.0.0.1:8786`` |
+| ``dask-workers`` | ``dask worker --nworkers N --nthreads 1`` over TLS | |
 
 Each runs in a process group of its own and outlives the command; a JSON
 record per service under ``<home>/services/`` says what runs where, and
 ``down`` stops exactly those process groups (after checking that the pid
 still runs the command it recorded). ``up`` is idempotent: a healthy service
 is kept. A start that fails stops what this call started: nothing is left
-half-up. Credentials live only in the processes' environments: SeaweedFS
-reads its identity from its environment (no s3.json on disk), the MLflow
-server and the Prefect worker get them the same way, and no record, log line
-or printed line holds them.
+half-up. Every engine asks for credentials (flows/service_credentials.py):
+they come from the environment of ``up`` and live only in the processes'
+environments (SeaweedFS's identities in a file in memory); no argv, record,
+log line or printed line holds them. Dask's certificates are issued by ``up``
+into ``<home>/services/tls`` (keys 0600).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -37,24 +41,20 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.error import HTTPError
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.process_groups import stop_process_group
-from rag_core.errors import WikiragError
+from flows.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, S3Identity, ServiceCredentials, ServicesError,
+                                       TlsFiles, exec_seaweedfs, memory_file)
 
 log = logging.getLogger("wikirag.services")
 
 WORK_POOL = "wikirag-process"
-STORE_BUCKET = "wikirag"
-MLFLOW_BUCKET = "wikirag-mlflow"
 ORDER = ("s3", "mlflow", "prefect", "worker", "dask", "dask-workers")
 _GRPC_OFFSET = 10_000  # SeaweedFS serves gRPC this far above each HTTP port
-
-
-class ServicesError(WikiragError):
-    """A service cannot start (port in use, missing credentials) or stopped answering."""
 
 
 class ServicePorts(BaseSettings):
@@ -76,22 +76,6 @@ class ServicePorts(BaseSettings):
 
 
 @dataclass(frozen=True)
-class Credentials:
-    """S3 credentials, from the environment only; ``repr`` never shows the secret."""
-
-    key: str
-    secret: str = field(repr=False)
-
-    @classmethod
-    def from_environment(cls) -> Credentials:
-        key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-        if not key or not secret:
-            raise ServicesError("the local S3 store needs credentials: export AWS_ACCESS_KEY_ID and "
-                                "AWS_SECRET_ACCESS_KEY (values of your choice) before `wikirag services up`")
-        return cls(key, secret)
-
-
-@dataclass(frozen=True)
 class Service:
     """One process group to start: its command, environment, address and health check."""
 
@@ -103,6 +87,7 @@ class Service:
     healthy: Callable[[], bool]
     needs: str | None = None  # the service that must be healthy before this one starts
     startup_timeout: float = 90.0
+    config: tuple[str, bytes] | None = field(default=None, repr=False)  # (flag, content): flag=/dev/fd/N, in memory
 
 
 # -- addresses and health ---------------------------------------------------------
@@ -129,13 +114,19 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def _bucket_ready(endpoint: str, creds: Credentials, buckets: tuple[str, ...]) -> bool:
+def _basic_auth(user_and_password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(user_and_password.encode()).decode()}
+
+
+def _bucket_ready(endpoint: str, owners: tuple[tuple[S3Identity, str], ...]) -> bool:
+    """Each bucket exists, created by the one identity allowed to use it."""
     import s3fs
 
     try:
-        fs = s3fs.S3FileSystem(key=creds.key, secret=creds.secret, endpoint_url=endpoint, skip_instance_cache=True,
-                               config_kwargs={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}})
-        for bucket in buckets:
+        for who, bucket in owners:
+            fs = s3fs.S3FileSystem(key=who.key, secret=who.secret, endpoint_url=endpoint, skip_instance_cache=True,
+                                   config_kwargs={"connect_timeout": 2, "read_timeout": 5,
+                                                  "retries": {"max_attempts": 1}})
             if not fs.exists(bucket):
                 fs.mkdir(bucket)
         return True
@@ -143,9 +134,10 @@ def _bucket_ready(endpoint: str, creds: Credentials, buckets: tuple[str, ...]) -
         return False
 
 
-def _workers_online(api_url: str) -> bool:
+def _workers_online(api_url: str, auth: str | None) -> bool:
+    headers = {"Content-Type": "application/json", **(_basic_auth(auth) if auth else {})}
     request = urllib.request.Request(f"{api_url}/work_pools/{WORK_POOL}/workers/filter", data=b"{}",
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=2) as resp:
             return any(w.get("status") == "ONLINE" for w in json.load(resp))
@@ -153,11 +145,28 @@ def _workers_online(api_url: str) -> bool:
         return False
 
 
-def _dask_workers_up(address: str, expected: int) -> bool:
+def _mlflow_accepts(url: str, user: str, password: str, users_db: Path) -> bool:
+    """An authenticated read answers; a refused password is an error at once (the admin user exists already)."""
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1",
+                                     headers=_basic_auth(f"{user}:{password}"))
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status == 200
+    except HTTPError as exc:
+        if exc.code in (401, 403):
+            raise ServicesError(f"MLflow at {url} refuses MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD: its "
+                                f"users ({users_db}) were created with another password; export that one, or stop "
+                                "the services and delete that file to create the admin user anew") from None
+        return False
+    except OSError:
+        return False
+
+
+def _dask_workers_up(address: str, expected: int, tls: TlsFiles) -> bool:
     try:
         from distributed import Client
 
-        with Client(address, timeout=3) as client:
+        with Client(address, timeout=3, security=tls.security()) as client:
             return len(client.scheduler_info(n_workers=-1)["workers"]) >= expected
     except Exception:  # scheduler not reachable yet
         return False
@@ -165,28 +174,55 @@ def _dask_workers_up(address: str, expected: int) -> bool:
 
 # -- the plan ------------------------------------------------------------------------
 def exports(ports: ServicePorts, home: Path) -> dict[str, str]:
-    """What a shell (or a worker) sets to use the services; no secrets."""
+    """Where the services are; no secrets."""
     return {
         "PREFECT_API_URL": f"http://127.0.0.1:{ports.prefect_port}/api",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports.mlflow_port}",
-        "WIKIRAG_DASK_ADDRESS": f"tcp://127.0.0.1:{ports.dask_port}",
+        "WIKIRAG_DASK_ADDRESS": f"tls://127.0.0.1:{ports.dask_port}",
         "WIKIRAG_STORE": f"s3://{STORE_BUCKET}/store",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports.s3_port}",
         "WIKIRAG_HOME": str(home),
     }
 
 
-def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Path) -> list[Service]:
+def client_exports(ports: ServicePorts, home: Path) -> dict[str, str]:
+    """What a shell (or the Prefect worker) sets to use the services, Dask's client certificate included; no secrets.
+
+    The passwords are the ones ``up`` was given: the same variables (``PREFECT_API_AUTH_STRING``,
+    ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``, ``AWS_*``) are what the clients read.
+    """
+    return {**exports(ports, home), **tls_files(home).client_environment()}
+
+
+def tls_files(home: Path) -> TlsFiles:
+    return TlsFiles(home / "services" / "tls")
+
+
+def _mlflow_auth_config(root: Path) -> Path:
+    """The basic-auth app's settings (no secret: the admin's password comes from the environment), 0600."""
+    path = root / "mlflow-auth.ini"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{root / 'mlflow-auth.db'}\n"
+                  "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return path
+
+
+def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path) -> list[Service]:
     """The services of one workspace, in start order."""
     from flows.local_cluster import NANNY_ENVIRONMENT, without_dask_trim
     from flows.settings import QUIET_ENVIRONMENT
 
     root = home / "services"
     shared = exports(ports, home)
+    tls = tls_files(home)
     base = {**os.environ, **QUIET_ENVIRONMENT}
-    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", *ServiceCredentials.NAMES):
         base.pop(name, None)  # each service gets exactly the ones it needs
-    aws = {"AWS_ACCESS_KEY_ID": creds.key, "AWS_SECRET_ACCESS_KEY": creds.secret}
+    aws = {"AWS_ACCESS_KEY_ID": creds.store.key, "AWS_SECRET_ACCESS_KEY": creds.store.secret}
+    prefect_client = {"PREFECT_API_AUTH_STRING": creds.prefect_auth}
+    mlflow_client = {"MLFLOW_TRACKING_USERNAME": creds.mlflow_user, "MLFLOW_TRACKING_PASSWORD": creds.mlflow_password}
+    encrypted = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
     bindir = Path(sys.executable).parent
     if not (bindir / "weed").exists():
         raise ServicesError(f"SeaweedFS (`weed`) is not installed beside {sys.executable}; "
@@ -197,34 +233,48 @@ def plan_services(home: Path, ports: ServicePorts, creds: Credentials, repo: Pat
     dask = shared["WIKIRAG_DASK_ADDRESS"]
     weed_args = [f"-{name}.port={port}" for name, port in weed.items()]
     weed_args += [f"-{name}.port.grpc={port + _GRPC_OFFSET}" for name, port in weed.items()]
+    mlflow_url = shared["MLFLOW_TRACKING_URI"]
     return [
         Service("s3", [str(bindir / "weed"), "mini", f"-dir={root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                        "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
                        "-s3.port.lance=0", *weed_args],
-                {**base, **aws}, s3_url, [p + o for p in weed.values() for o in (0, _GRPC_OFFSET)],
-                lambda: _bucket_ready(s3_url, creds, (STORE_BUCKET, MLFLOW_BUCKET))),
-        Service("mlflow", [str(bindir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(ports.mlflow_port),
-                           "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                base, s3_url, [p + o for p in weed.values() for o in (0, _GRPC_OFFSET)],
+                lambda: _bucket_ready(s3_url, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))),
+                config=("-s3.config", creds.s3_identities())),
+        Service("mlflow", [str(bindir / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
+                           "--port", str(ports.mlflow_port), "--workers", "1",
+                           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
                            "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts"],
-                {**base, **aws, "MLFLOW_S3_ENDPOINT_URL": s3_url}, shared["MLFLOW_TRACKING_URI"],
-                [ports.mlflow_port], lambda: _http_ok(f"{shared['MLFLOW_TRACKING_URI']}/health"), needs="s3"),
+                {**base, "AWS_ACCESS_KEY_ID": creds.mlflow_s3.key, "AWS_SECRET_ACCESS_KEY": creds.mlflow_s3.secret,
+                 "MLFLOW_S3_ENDPOINT_URL": s3_url, "MLFLOW_AUTH_CONFIG_PATH": str(root / "mlflow-auth.ini"),
+                 "MLFLOW_AUTH_ADMIN_USERNAME": creds.mlflow_user, "MLFLOW_AUTH_ADMIN_PASSWORD": creds.mlflow_password,
+                 # signs the UI's CSRF tokens only; the server's workers share it through their environment
+                 "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)},
+                mlflow_url, [ports.mlflow_port],
+                lambda: _mlflow_accepts(mlflow_url, creds.mlflow_user, creds.mlflow_password,
+                                        root / "mlflow-auth.db"), needs="s3"),
         Service("prefect", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                             "--port", str(ports.prefect_port)],
-                {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true"}, api,
+                {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true",
+                 "PREFECT_SERVER_API_AUTH_STRING": creds.prefect_auth}, api,
                 [ports.prefect_port], lambda: _http_ok(f"{api}/health")),
         Service("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL,
                            "--type", "process", "--name", f"wikirag-{socket.gethostname()}"],
-                {**base, **shared, **aws, "PREFECT_HOME": str(home / "prefect"), "WIKIRAG_REPO": str(repo)},
-                api, [], lambda: _workers_online(api), needs="prefect"),
+                {**base, **client_exports(ports, home), **aws, **prefect_client, **mlflow_client,
+                 "PREFECT_HOME": str(home / "prefect"), "WIKIRAG_REPO": str(repo)},
+                api, [], lambda: _workers_online(api, creds.prefect_auth), needs="prefect"),
         Service("dask", [str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(ports.dask_port),
+                         "--protocol", "tls", *tls.cli_args(),
                          "--dashboard-address", f"127.0.0.1:{ports.dask_dashboard_port}"],
-                base, dask, [ports.dask_port, ports.dask_dashboard_port], lambda: _tcp_open(ports.dask_port)),
-        Service("dask-workers", [str(bindir / "dask"), "worker", dask, "--host", "127.0.0.1",
-                                 "--nworkers", str(ports.dask_workers), "--nthreads", "1",
+                {**base, **encrypted}, dask, [ports.dask_port, ports.dask_dashboard_port],
+                lambda: _dask_workers_up(dask, 0, tls)),
+        Service("dask-workers", [str(bindir / "dask"), "worker", dask, "--host", "127.0.0.1", "--protocol", "tls",
+                                 *tls.cli_args(), "--nworkers", str(ports.dask_workers), "--nthreads", "1",
                                  "--dashboard-address", "127.0.0.1:0"],
-                {**without_dask_trim(base), **shared, **NANNY_ENVIRONMENT, "PREFECT_HOME": str(home / "prefect")},
+                {**without_dask_trim(base), **shared, **NANNY_ENVIRONMENT, **encrypted, **prefect_client,
+                 "PREFECT_HOME": str(home / "prefect")},
                 dask, [],
-                lambda: _dask_workers_up(dask, ports.dask_workers), needs="dask"),
+                lambda: _dask_workers_up(dask, ports.dask_workers, tls), needs="dask"),
     ]
 
 
@@ -267,10 +317,19 @@ def _launch(home: Path, service: Service) -> tuple[subprocess.Popen, dict]:
     logs = home / "services" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{service.name}.log"
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(service.argv, env=service.env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
-    record = {"name": service.name, "pid": proc.pid, "argv": service.argv, "url": service.url,
+    argv, fds = service.argv, ()
+    if service.config:
+        flag, content = service.config
+        fds = (memory_file(content),)
+        argv = [*argv, f"{flag}=/dev/fd/{fds[0]}"]
+    try:
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(argv, env=service.env, stdout=out, stderr=subprocess.STDOUT, pass_fds=fds,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    record = {"name": service.name, "pid": proc.pid, "argv": argv, "url": service.url,
               "ports": service.ports, "log": str(log_path), "started": time.time()}
     return proc, record
 
@@ -288,7 +347,7 @@ def _await_healthy(home: Path, service: Service, proc: subprocess.Popen, record:
     _record_path(home, service.name).write_text(json.dumps(record, indent=1))
 
 
-def up(home: Path, ports: ServicePorts, creds: Credentials, repo: Path,
+def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
        progress: Callable[[str], None] = log.info) -> list[dict]:
     """Start every service that is not already healthy; on a failure, stop what this call started.
 
@@ -297,6 +356,8 @@ def up(home: Path, ports: ServicePorts, creds: Credentials, repo: Path,
     """
     (home / "services").mkdir(parents=True, exist_ok=True)
     planned = plan_services(home, ports, creds, repo)
+    _mlflow_auth_config(home / "services")
+    tls_files(home).issue()
     started: list[dict] = []
     records: dict[str, dict] = {}
     try:
@@ -347,8 +408,9 @@ def _probe(name: str, record: dict) -> bool:
         return _tcp_open(record["ports"][0])
     if name in ("mlflow", "prefect"):
         return _http_ok(f"{url}/health")
-    if name == "worker":
-        return _workers_online(url)
+    if name == "worker":  # without the Prefect password here, alive is all that can be said
+        auth = os.environ.get("PREFECT_API_AUTH_STRING")
+        return _workers_online(url, auth) if auth else True
     if name == "dask":
         return _tcp_open(int(url.rsplit(":", 1)[1]))
     return True  # dask-workers: alive is all a process group can say without a client
@@ -386,7 +448,7 @@ def cmd_services(args, settings) -> int:
     ports = ServicePorts()
     if args.action == "up":
         repo = Path(__file__).resolve().parents[1]
-        up(home, ports, Credentials.from_environment(), repo)
+        up(home, ports, ServiceCredentials.from_environment(), repo)
         print(_export_lines(ports, home))
         log.info("services of %s are up; `eval \"$(wikirag services env)\"` points commands at them", home)
     elif args.action == "down":
@@ -401,20 +463,36 @@ def cmd_services(args, settings) -> int:
 
 
 def _export_lines(ports: ServicePorts, home: Path) -> str:
-    return "\n".join(f"export {k}={v}" for k, v in exports(ports, home).items())
+    return "\n".join(f"export {k}={v}" for k, v in client_exports(ports, home).items())
 
 
-def create_buckets(endpoint: str, creds: Credentials, buckets: tuple[str, ...], timeout: float = 120.0) -> None:
-    """Create ``buckets`` on an S3 endpoint once it answers (compose's and Kubernetes' init step)."""
+def create_buckets(endpoint: str, creds: ServiceCredentials, timeout: float = 120.0) -> None:
+    """The store's and MLflow's buckets, each by its own identity, once S3 answers (compose's and Kubernetes' init)."""
     deadline = time.monotonic() + timeout
-    while not _bucket_ready(endpoint, creds, buckets):
+    while not _bucket_ready(endpoint, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))):
         if time.monotonic() > deadline:
-            raise ServicesError(f"{endpoint}: S3 did not accept the credentials or create {buckets} "
-                                f"within {timeout:.0f} s; check the store and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+            raise ServicesError(f"{endpoint}: S3 did not accept the credentials or create {STORE_BUCKET} and "
+                                f"{MLFLOW_BUCKET} within {timeout:.0f} s; check the store, AWS_ACCESS_KEY_ID/"
+                                "AWS_SECRET_ACCESS_KEY and WIKIRAG_MLFLOW_S3_KEY/WIKIRAG_MLFLOW_S3_SECRET")
         time.sleep(1)
 
 
-if __name__ == "__main__":  # python -m flows.services buckets NAME...: used by infra/compose.yaml and infra/k8s
-    if len(sys.argv) < 3 or sys.argv[1] != "buckets":
-        sys.exit("usage: python -m flows.services buckets NAME... (endpoint from AWS_ENDPOINT_URL)")
-    create_buckets(os.environ["AWS_ENDPOINT_URL"], Credentials.from_environment(), tuple(sys.argv[2:]))
+_USAGE = """usage: python -m flows.services buckets | seaweedfs WEED_ARGV... | tls DIR
+  buckets          create the store's and MLflow's buckets (endpoint from AWS_ENDPOINT_URL, both identities)
+  seaweedfs ARGV   run SeaweedFS with the two identities from the environment, as a file in memory only
+  tls DIR          issue Dask's CA and certificates into DIR (keys 0600)"""
+
+if __name__ == "__main__":  # the entry points of infra/compose.yaml, infra/k8s and infra/*.sh
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    try:
+        if command == "buckets" and len(sys.argv) == 2:
+            create_buckets(os.environ["AWS_ENDPOINT_URL"],
+                           ServiceCredentials.from_environment(ServiceCredentials.NAMES[:4]))
+        elif command == "seaweedfs" and len(sys.argv) > 2:
+            exec_seaweedfs(sys.argv[2:])
+        elif command == "tls" and len(sys.argv) == 3:
+            TlsFiles(Path(sys.argv[2])).issue()
+        else:
+            sys.exit(_USAGE)
+    except ServicesError as exc:
+        sys.exit(f"flows.services: error: {exc}")
