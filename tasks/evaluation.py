@@ -26,14 +26,15 @@ def load_examples(kind: str, url: str, options: dict[str, Any] | None = None) ->
 
 
 def load_registered_model(model_uri: str, tracking_uri: str, index_version: str | None = None) -> Any:
-    """The RagModel inside a registered pyfunc model, retrieving from ``index_version`` (default: its own)."""
-    import mlflow
+    """The RagModel of a registered wikirag model, retrieving from ``index_version`` (default: its own).
+
+    Its files are read as data and checked against their checksums; installed code builds the model
+    (tasks.mlflow_flavor.load_registered): nothing from the artifact runs."""
+    from tasks.mlflow_flavor import load_registered
 
     check_reachable(tracking_uri)
     with _tracking(tracking_uri):
-        override = {"index_version": index_version} if index_version else None
-        pyfunc = mlflow.pyfunc.load_model(model_uri, model_config=override)
-    return pyfunc.unwrap_python_model().model
+        return load_registered(model_uri, tracking_uri, index_version)
 
 
 @task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call

@@ -1,10 +1,14 @@
-"""The MLflow Model Registry for wikirag: a RAG model logged with its index binding, and the promotion gate.
+"""The MLflow Model Registry for wikirag: a RAG model logged as data with its index binding, and the promotion gate.
 
-A trained model becomes a version of ``wikirag-<task>``: an MLflow pyfunc
-model (tasks/pyfunc_model.py, models from code) whose artifact is the saved
-RAG model and whose ``model_config`` names the store and the index version it
-reads. That index version is pinned in the store (``mlflow:wikirag-<task>/<n>``)
-before the version exists, so nobody can delete it under the model.
+A trained model becomes a version of ``wikirag-<task>``: an MLflow model of wikirag's own
+flavor (tasks/mlflow_flavor.py: the saved RAG model, its index binding and the sha256 of
+every file; loading runs the installed code only). The sha256 of its checksums.json is a tag
+of the logged model and of the registered version, outside the artifact store.
+
+The index version a model reads is pinned in the store (``mlflow:wikirag-<task>/<logged
+model id>``) before the version is registered: a failed pin leaves no registered version,
+and no registered version reads an index nobody holds. The version's ``index_pin`` tag names
+the pin.
 
 The promotion gate moves the alias ``champion`` to the new version only when
 its headline dev metric beats the current champion's by ``margin`` (or there
@@ -16,7 +20,6 @@ training run.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,28 +28,22 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from rag_core.index.retention import pin_version
+from rag_core.index.retention import pin_version, unpin_version, version_pins
 from rag_core.storage import Store
+from tasks.mlflow_flavor import CHECKSUMS_TAG, FLAVOR_MODULE, ArtifactWriter, logged_model_id
+from tasks.model_checksums import ModelArtifactError
 from tasks.tracking import check_reachable
 
-# predict() has no type hints on purpose (MLflow would turn them into a schema that refuses a plain list of
-# questions); MLflow's advice to add them, printed wherever the model's code is loaded, is noise in every log
-warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
-
 CHAMPION, CHALLENGER = "champion", "challenger"
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
-# Consumers load the model where wikirag is installed (`pip install -e .`; `mlflow models serve --env-manager
-# local`): wikirag is no PyPI package, so these are the pins its code needs beside it.
-PIP_REQUIREMENTS = ["torch==2.13.0", "transformers>=5.24,<5.25", "faiss-cpu>=1.15,<1.16"]
 
 
 def model_name(task: str) -> str:
     return f"wikirag-{task}"
 
 
-def pin_name(name: str, version: str | int) -> str:
-    """Who holds an index version pinned for a registered model version."""
-    return f"mlflow:{name}/{version}"
+def pin_name(name: str, model_id: str) -> str:
+    """Who holds an index version pinned for the versions of ``name`` registered from logged model ``model_id``."""
+    return f"mlflow:{name}/{model_id}"
 
 
 @dataclass(frozen=True)
@@ -78,13 +75,18 @@ def _tracking(uri: str) -> Iterator[None]:
 
 def log_rag_model(tracking_uri: str, run_id: str, model_dir: str | Path, *, store_url: str, index_version: str,
                   n_docs: int | None = None) -> str:
-    """Log a saved RAG model as a pyfunc model of run ``run_id``, bound to ``index_version``; returns its URI."""
+    """Log a saved RAG model as a wikirag-flavored model of run ``run_id``, bound to ``index_version``; its URI.
+
+    The sha256 of the artifact's checksums.json becomes the logged model's ``CHECKSUMS_TAG`` tag."""
     check_reachable(tracking_uri)
-    config = {"store": store_url, "index_version": index_version, **({"n_docs": n_docs} if n_docs else {})}
-    with _tracking(tracking_uri), mlflow.start_run(run_id=run_id):
-        info = mlflow.pyfunc.log_model(name="model", python_model=str(PYFUNC_CODE),
-                                       artifacts={"rag_model": str(model_dir)}, model_config=config,
-                                       pip_requirements=PIP_REQUIREMENTS)
+    writer = ArtifactWriter(model_dir, {"store": store_url, "index_version": index_version, "n_docs": n_docs})
+    with _tracking(tracking_uri), mlflow.start_run(run_id=run_id):  # the run's experiment holds the model
+        info = mlflow.models.Model.log(None, name="model", flavor=writer, flavor_name=FLAVOR_MODULE, run_id=run_id,
+                                       params={"index_version": index_version})
+    digest = str(writer.digest)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    client.set_logged_model_tags(info.model_id, {CHECKSUMS_TAG: digest})
+    client.set_tag(run_id, CHECKSUMS_TAG, digest)
     return info.model_uri
 
 
@@ -99,13 +101,26 @@ def _champion(client: MlflowClient, name: str) -> tuple[str | None, float | None
 
 def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metric: str, value: float,
              margin: float, store: Store, index_version: str) -> Promotion:
-    """Register ``model_uri`` as a new version of ``wikirag-<task>``, pin its index, and gate its promotion."""
+    """Pin ``index_version`` for ``model_uri`` (a logged wikirag model), register it as a new version of
+    ``wikirag-<task>`` carrying its checksum anchor, and gate its promotion; a failed pin registers nothing."""
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     name = model_name(task)
-    with _tracking(tracking_uri):
-        version = mlflow.register_model(model_uri, name).version
-    pin_version(store, index_version, pin_name(name, version), note=f"registered model {name} version {version}")
+    model_id = logged_model_id(model_uri)
+    anchor = client.get_logged_model(model_id).tags.get(CHECKSUMS_TAG) if model_id else None
+    if not anchor:
+        raise ModelArtifactError(f"{model_uri}: not a model logged by tasks.registry.log_rag_model (no "
+                                 f"{CHECKSUMS_TAG} tag); log it with wikirag, then register the URI it returns")
+    pin = pin_name(name, model_id)
+    held = pin in version_pins(store, index_version)  # this logged model registered before: its pin stays
+    pin_version(store, index_version, pin, note=f"{model_uri}, being registered as {name}")
+    try:
+        with _tracking(tracking_uri):
+            version = mlflow.register_model(model_uri, name, tags={CHECKSUMS_TAG: anchor, "index_pin": pin}).version
+    except BaseException:
+        if not held:  # nothing registered: the new pin would hold nothing
+            unpin_version(store, index_version, pin)
+        raise
     champion_version, champion_value = _champion(client, name)
     if champion_version is None or champion_value is None:
         alias, reason = CHAMPION, f"first {name} version with a {metric}: champion"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from mlflow import MlflowClient
 
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.retention import delete_version, version_pins
+from rag_core.errors import WikiragError
 from rag_core.index.versions import IndexVersionError
 from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
@@ -69,9 +72,37 @@ def test_promotion_gate_both_ways_with_the_index_pinned(bound_model, tmp_path: P
     assert (tags["index_version"], tags["dev_metric"], float(tags["dev_metric_value"])) == (version, "em", 0.305)
     run = client.get_run(tags["run_id"])
     assert "kept as challenger" in run.data.tags["promotion"]
-    assert {pin_name(name, v) for v in ("1", "2", "3")} <= set(version_pins(store, version))
-    with pytest.raises(IndexVersionError, match=pin_name(name, "1")):
+    pins = {client.get_model_version(name, v).tags["index_pin"] for v in ("1", "2", "3")}
+    assert len(pins) == 3 and pins <= set(version_pins(store, version))  # one pin per logged model
+    first_pin = client.get_model_version(name, "1").tags["index_pin"]
+    assert first_pin == pin_name(name, client.get_model_version(name, "1").source.removeprefix("models:/"))
+    with pytest.raises(IndexVersionError, match=re.escape(first_pin)):
         delete_version(store, version, force=True)
+
+
+@pytest.mark.parametrize("failure", ["index version missing", "store refuses the pin"])
+def test_a_failed_pin_leaves_no_registered_version(bound_model, tmp_path: Path, failure: str) -> None:
+    store, version, model_dir = bound_model
+    target = version
+    if failure == "index version missing":
+        target = "20991231T000000.000Z-0badc0de"  # never published (or deleted meanwhile)
+    else:  # a copy of the store in which the version's pins folder cannot be created
+        shutil.copytree(Path(store.url), tmp_path / "store")
+        shutil.rmtree(tmp_path / "store" / "indexes" / version / "pins", ignore_errors=True)
+        (tmp_path / "store" / "indexes" / version / "pins").write_text("not a folder")
+        store = Store(str(tmp_path / "store"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with tracked_run(uri, "wikirag-cloze", "finetune") as run:
+        model_uri = log_rag_model(uri, run.run_id, model_dir, store_url=store.url, index_version=target)
+        with pytest.raises(WikiragError) as caught:
+            register(uri, model_uri, "cloze", run_id=run.run_id, metric="em", value=0.5, margin=0.0, store=store,
+                     index_version=target)
+    assert "\n" not in str(caught.value) and target in str(caught.value)
+    client = MlflowClient(tracking_uri=uri)
+    assert client.search_model_versions(f"name='{model_name('cloze')}'") == []
+    assert client.search_registered_models() == []
+    if failure == "store refuses the pin":
+        assert (tmp_path / "store" / "indexes" / version / "pins").read_text() == "not a folder"
 
 
 def _fresh_python(code: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
