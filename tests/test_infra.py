@@ -1,11 +1,14 @@
-"""infra/: the compose file, the Kubernetes manifests, the Dask values and the Dockerfile agree.
+"""infra/: the compose file, the Kubernetes manifests, the scripts and the Dockerfile agree, and lock every engine.
 
 No container runtime or cluster here, so this checks what would otherwise fail only on
-deployment: images, ports, service addresses, secret names, and that no credential sits in a file.
+deployment: images, ports, service addresses, secret names, that no credential sits in a file,
+that every engine asks for credentials, and (Kubernetes) that every pod runs unprivileged with
+limits and reaches only what a NetworkPolicy allows.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -20,10 +23,15 @@ from flows.settings import QUIET_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
-SECRETS = {"wikirag-s3": {"access-key-id", "secret-access-key"}, "wikirag-postgres": {"password"}}
-SENSITIVE = re.compile(r"SECRET|PASSWORD|ACCESS_KEY|TOKEN|BACKEND_STORE_URI")
+SECRETS = {"wikirag-s3": {"access-key-id", "secret-access-key"},  # the store's identity: bucket wikirag
+           "wikirag-mlflow-s3": {"access-key-id", "secret-access-key"},  # MLflow's artifacts: bucket wikirag-mlflow
+           "wikirag-postgres": {"password"}, "wikirag-prefect": {"auth-string"},
+           "wikirag-mlflow": {"username", "password", "flask-secret-key"}}
+TLS_SECRET = "wikirag-dask-tls"  # files from `python -m flows.services tls DIR`, mounted as a volume
+SENSITIVE = re.compile(r"SECRET|PASSWORD|ACCESS_KEY|TOKEN|BACKEND_STORE_URI|AUTH_STRING|S3_KEY")
 ADDRESS_VARS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "WIKIRAG_DASK_ADDRESS", "AWS_ENDPOINT_URL",
                 "MLFLOW_S3_ENDPOINT_URL")
+FLOW_VARS = (*ADDRESS_VARS, "MLFLOW_BACKEND_STORE_URI")  # every address a pod connects to
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -34,24 +42,40 @@ def _compose() -> dict:
 def _k8s_docs() -> list[dict]:
     docs = []
     for path in sorted((INFRA / "k8s").glob("*.yaml")):
-        if path.name in ("kustomization.yaml", "dask-values.yaml"):
+        if path.name == "kustomization.yaml":
             continue
         docs += [dict(d, _file=path.name) for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
 
-def _containers(doc: dict) -> list[dict]:
+def _template(doc: dict) -> dict:
     spec = doc.get("spec", {})
-    template = spec.get("template", {}) or spec.get("jobTemplate", {}).get("spec", {}).get("template", {})
-    return template.get("spec", {}).get("containers", [])
+    return spec.get("template", {}) or spec.get("jobTemplate", {}).get("spec", {}).get("template", {})
+
+
+def _containers(doc: dict) -> list[dict]:
+    pod = _template(doc).get("spec", {})
+    return pod.get("initContainers", []) + pod.get("containers", [])
+
+
+def _workloads() -> dict[str, dict]:
+    """Each pod template by its ``app`` label (the name NetworkPolicies select it by)."""
+    found = {}
+    for doc in _k8s_docs():
+        if _containers(doc):
+            app = _template(doc).get("metadata", {}).get("labels", {}).get("app")
+            assert app, f"{doc['_file']}: {doc['kind']} {doc['metadata']['name']}: label its pods with app"
+            found[app] = doc
+    return found
 
 
 def _k8s_env(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def _dask_values() -> dict:
-    return yaml.safe_load((INFRA / "k8s" / "dask-values.yaml").read_text())
+def _secret(entry: dict) -> tuple[str, str] | None:
+    ref = entry.get("valueFrom", {}).get("secretKeyRef")
+    return (ref["name"], ref["key"]) if ref else None
 
 
 def test_kustomization_lists_existing_manifests_in_one_namespace() -> None:
@@ -65,9 +89,7 @@ def test_kustomization_lists_existing_manifests_in_one_namespace() -> None:
 def test_images_are_pinned_and_the_same_everywhere() -> None:
     compose = {s.get("image") for s in _compose()["services"].values()}
     k8s = {c["image"] for d in _k8s_docs() for c in _containers(d)}
-    dask = _dask_values()
-    helm = {f"{dask[role]['image']['repository']}:{dask[role]['image']['tag']}" for role in ("scheduler", "worker")}
-    for image in compose | k8s | helm:
+    for image in compose | k8s:
         name, _, tag = image.partition(":")
         assert tag and tag != "latest", f"{image}: pin a tag"
         if name == "wikirag":  # built by infra/Dockerfile from this checkout
@@ -89,8 +111,6 @@ def test_ports_match_the_defaults_of_wikirag_services() -> None:
         assert all(p.startswith("127.0.0.1:") for p in compose[name]["ports"]), "compose publishes on loopback only"
     services = {d["metadata"]["name"]: [p["port"] for p in d["spec"]["ports"]] for d in _k8s_docs()
                 if d["kind"] == "Service"}
-    dask = _dask_values()
-    services[f"{dask['fullnameOverride']}-scheduler"] = [dask["scheduler"]["servicePort"]]
     for name, port in expected.items():
         assert port in services.get(name, []), f"k8s Service {name}: ports {services.get(name)}, expected {port}"
 
@@ -129,6 +149,13 @@ def test_credentials_come_from_secrets_never_from_files() -> None:
         assert f"create secret generic {secret}" in operations, f"docs/operations.md: how to create {secret}"
         for key in keys:
             assert f"--from-literal={key}=" in operations, f"docs/operations.md: {secret} needs the key {key}"
+    assert f"create secret generic {TLS_SECRET} --from-file=" in operations, f"docs/operations.md: {TLS_SECRET}"
+    for doc in _k8s_docs():
+        for volume in _template(doc).get("spec", {}).get("volumes", []):
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] == TLS_SECRET, f"{doc['_file']}: secret volume {volume}"
+        if doc["kind"] == "ConfigMap":
+            assert not SENSITIVE.search(json.dumps(doc["data"]).upper().replace("-", "_")), doc["_file"]
 
 
 def test_dockerfile_pins_torch_and_switches_telemetry_off() -> None:
@@ -154,3 +181,156 @@ def test_scripts_bind_loopback(script: str) -> None:
     text = (INFRA / script).read_text()
     assert "0.0.0.0" not in text
     assert "env.sh" in text or script == "env.sh"
+
+
+# -- every pod unprivileged, bounded, and on the network only where a policy lets it --------------------------
+def test_every_pod_runs_as_a_user_without_privilege_escalation_and_with_limits() -> None:
+    assert _workloads(), "no workloads found"
+    for app, doc in _workloads().items():
+        pod = _template(doc)["spec"]
+        assert pod.get("securityContext", {}).get("runAsNonRoot") is True, f"{app}: runAsNonRoot"
+        for container in _containers(doc):
+            where = f"{doc['_file']}: {app}/{container['name']}"
+            assert container.get("securityContext", {}).get("allowPrivilegeEscalation") is False, where
+            assert "ALL" in container["securityContext"].get("capabilities", {}).get("drop", []), where
+            limits = container.get("resources", {}).get("limits", {})
+            assert {"cpu", "memory"} <= set(limits), f"{where}: limits {limits}"
+
+
+def _policies() -> list[dict]:
+    return [d for d in _k8s_docs() if d["kind"] == "NetworkPolicy"]
+
+
+def _policy_of(app: str) -> dict:
+    mine = [p for p in _policies() if p["spec"]["podSelector"].get("matchLabels", {}).get("app") == app]
+    assert len(mine) == 1, f"{app}: {len(mine)} NetworkPolicies select it, expected one"
+    return mine[0]["spec"]
+
+
+def _allows(rules: list[dict], peers_key: str, app: str, port: int) -> bool:
+    for rule in rules:
+        apps = {p.get("podSelector", {}).get("matchLabels", {}).get("app") for p in rule.get(peers_key, [])}
+        ports = {p["port"] for p in rule.get("ports", [])}
+        if app in apps and (not ports or port in ports):
+            return True
+    return False
+
+
+def test_network_policies_deny_by_default_and_allow_each_address_a_pod_is_given_both_ways() -> None:
+    deny = [p["spec"] for p in _policies() if p["spec"]["podSelector"] == {}
+            and set(p["spec"].get("policyTypes", [])) == {"Ingress", "Egress"}]
+    assert deny and not deny[0].get("ingress") and not deny[0].get("egress"), "a default deny for every pod"
+    services = {d["metadata"]["name"]: d["spec"]["selector"]["app"] for d in _k8s_docs() if d["kind"] == "Service"}
+    workloads = _workloads()
+    checked = 0
+    for app, doc in workloads.items():
+        policy = _policy_of(app)  # every component has its own
+        assert set(policy["policyTypes"]) == {"Ingress", "Egress"}, app
+        for container in _containers(doc):
+            targets = [entry["value"] for var, entry in _k8s_env(container).items() if var in FLOW_VARS]
+            targets += [arg for arg in container.get("command", []) if arg.startswith(("tls://", "tcp://"))]
+            for value in targets:
+                url = urlparse(value)
+                target = services[url.hostname]
+                assert _allows(policy.get("egress", []), "to", target, url.port), f"{app} may not reach {value}"
+                assert _allows(_policy_of(target).get("ingress", []), "from", app, url.port), \
+                    f"{target} does not accept {app} on {url.port}"
+                checked += 1
+    assert checked >= 11, checked  # the worker, MLflow, the bucket job, the Dask workers, training
+    # nothing is open to every pod: each ingress rule names its peers
+    for policy in _policies():
+        for rule in policy["spec"].get("ingress", []):
+            assert rule.get("from"), f"{policy['metadata']['name']}: an ingress rule without peers"
+
+
+def test_prefects_database_and_mlflows_users_live_on_persistent_volumes() -> None:
+    claims = {d["metadata"]["name"] for d in _k8s_docs() if d["kind"] == "PersistentVolumeClaim"}
+    workloads = _workloads()
+    for app, var in (("prefect-server", "PREFECT_HOME"), ("mlflow", None)):
+        pod = _template(workloads[app])["spec"]
+        container = pod["containers"][0]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        persistent = {m["mountPath"] for m in container.get("volumeMounts", [])
+                      if volumes.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") in claims}
+        wanted = _k8s_env(container)[var]["value"] if var else "/var/lib/wikirag/mlflow-auth"
+        assert wanted in persistent, f"{app}: {wanted} is not on a PersistentVolumeClaim ({persistent})"
+        assert workloads[app]["spec"].get("strategy", {}).get("type") == "Recreate", f"{app}: one pod per volume"
+
+
+# -- every engine asks for credentials, in Kubernetes and compose alike ----------------------------------
+def test_kubernetes_engines_ask_for_credentials() -> None:
+    workloads = _workloads()
+    users_of: dict[str, set[str]] = {}
+    for app, doc in workloads.items():
+        for container in _containers(doc):
+            env = _k8s_env(container)
+            for entry in env.values():
+                if _secret(entry):
+                    users_of.setdefault(_secret(entry)[0], set()).add(app)
+            if "PREFECT_API_URL" in env:
+                assert _secret(env["PREFECT_API_AUTH_STRING"]) == ("wikirag-prefect", "auth-string"), app
+            if "MLFLOW_TRACKING_URI" in env:
+                assert _secret(env["MLFLOW_TRACKING_PASSWORD"]) == ("wikirag-mlflow", "password"), app
+                assert _secret(env["MLFLOW_TRACKING_USERNAME"]) == ("wikirag-mlflow", "username"), app
+            if "WIKIRAG_DASK_ADDRESS" in env:
+                assert env["WIKIRAG_DASK_ADDRESS"]["value"].startswith("tls://"), app
+                mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+                for var in ("CA_FILE", "CLIENT__CERT", "CLIENT__KEY"):
+                    path = env[f"DASK_DISTRIBUTED__COMM__TLS__{var}"]["value"]
+                    assert any(path.startswith(m + "/") for m in mounts), f"{app}: {path} is not mounted"
+    server = _k8s_env(workloads["prefect-server"]["spec"]["template"]["spec"]["containers"][0])
+    assert _secret(server["PREFECT_SERVER_API_AUTH_STRING"]) == ("wikirag-prefect", "auth-string")
+    mlflow = workloads["mlflow"]["spec"]["template"]["spec"]["containers"][0]
+    assert "basic-auth" in mlflow["command"][mlflow["command"].index("--app-name") + 1]
+    env = _k8s_env(mlflow)
+    assert _secret(env["MLFLOW_AUTH_ADMIN_PASSWORD"]) == ("wikirag-mlflow", "password")
+    # the artifacts' identity: the MLflow server's alone (and SeaweedFS's, which holds it, and the bucket job)
+    assert _secret(env["AWS_ACCESS_KEY_ID"]) == ("wikirag-mlflow-s3", "access-key-id")
+    assert users_of["wikirag-mlflow-s3"] == {"mlflow", "s3", "s3-buckets"}, users_of["wikirag-mlflow-s3"]
+    assert "mlflow" not in users_of["wikirag-s3"]
+    for app in ("dask-scheduler", "dask-worker"):
+        container = workloads[app]["spec"]["template"]["spec"]["containers"][0]
+        _assert_dask_tls(app, container["command"], {k: e.get("value") for k, e in _k8s_env(container).items()})
+
+
+def _assert_dask_tls(where: str, command: list[str], env: dict) -> None:
+    assert command[command.index("--protocol") + 1] == "tls", where
+    for option in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+        assert option in command, f"{where}: {option}"
+    assert not [a for a in command if a.startswith("tcp://")], where
+    assert env.get("DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION") == "True", where
+
+
+def test_compose_engines_ask_for_credentials() -> None:
+    services = _compose()["services"]
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+        if "PREFECT_API_URL" in env:
+            assert env.get("PREFECT_API_AUTH_STRING", "").startswith("${PREFECT_API_AUTH_STRING:?"), name
+        if "MLFLOW_TRACKING_URI" in env:
+            assert env.get("MLFLOW_TRACKING_PASSWORD", "").startswith("${MLFLOW_TRACKING_PASSWORD:?"), name
+        if "WIKIRAG_DASK_ADDRESS" in env:
+            assert env["WIKIRAG_DASK_ADDRESS"].startswith("tls://"), name
+            assert "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY" in env, name
+        uses_artifacts_identity = any("WIKIRAG_MLFLOW_S3" in str(v) for v in env.values())
+        assert uses_artifacts_identity == (name in ("s3", "s3-init", "mlflow")), name
+    server = services["prefect-server"]["environment"]
+    assert server["PREFECT_SERVER_API_AUTH_STRING"].startswith("${PREFECT_API_AUTH_STRING:?")
+    mlflow = services["mlflow"]
+    assert mlflow["command"][mlflow["command"].index("--app-name") + 1] == "basic-auth"
+    assert mlflow["environment"]["AWS_ACCESS_KEY_ID"].startswith("${WIKIRAG_MLFLOW_S3_KEY:?")
+    assert mlflow["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_TRACKING_PASSWORD:?")
+    assert "password" not in _compose()["configs"]["mlflow-auth"]["content"].replace("default_permission", "")
+    for name in ("dask-scheduler", "dask-worker"):
+        _assert_dask_tls(f"compose {name}", services[name]["command"], services[name]["environment"])
+    assert services["s3"]["command"][:4] == ["python", "-m", "flows.services", "seaweedfs"]
+
+
+def test_scripts_lock_what_they_start() -> None:
+    scripts = {p.name: p.read_text() for p in INFRA.glob("*.sh")}
+    assert "flows.services seaweedfs" in scripts["seaweedfs.sh"] and "s3.json" not in scripts["seaweedfs.sh"]
+    assert "PREFECT_SERVER_API_AUTH_STRING=$PREFECT_API_AUTH_STRING" in scripts["prefect-server.sh"]
+    assert "PREFECT_API_AUTH_STRING:?" in scripts["prefect-worker.sh"]
+    dask = scripts["dask-cluster.sh"]
+    assert "--protocol tls" in dask and "REQUIRE_ENCRYPTION=True" in dask and "tcp://" not in dask
