@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -70,3 +71,41 @@ def test_a_questions_file_is_answered_while_it_is_still_being_written(published_
     answers = [json.loads(line) for line in first + rest.decode().splitlines()]
     assert [a["question"] for a in answers] == questions
     assert all(len(a["results"]) == 2 for a in answers)
+
+
+# -- retries: transport errors only ------------------------------------------------------------------------------
+ATTEMPTS: list[str] = []
+
+
+def _fails_with(kind: str) -> None:
+    ATTEMPTS.append(kind)
+    if kind == "programming error":
+        {}["a key that was never set"]  # noqa: B018 -- the KeyError a bug raises
+    with socket.socket() as s:  # a port nobody listens on: the kernel refuses the connection
+        s.connect(("127.0.0.1", _closed_port()))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("kind", "error", "attempts"), [("programming error", KeyError, 1),
+                                                         ("refused connection", ConnectionRefusedError, 3)])
+def test_an_io_task_retries_a_transport_error_and_never_a_programming_error(prefect_server: str, kind: str,
+                                                                             error: type, attempts: int) -> None:
+    from prefect import flow
+
+    from tasks.ingest import io_task
+
+    failing = io_task(_fails_with)
+
+    @flow(name="io-task-retries")
+    def run_it(kind: str) -> None:
+        failing(kind)
+
+    ATTEMPTS.clear()
+    with pytest.raises(error):
+        run_it(kind)
+    assert ATTEMPTS == [kind] * attempts  # io_task: 2 retries
