@@ -70,11 +70,36 @@ def write_aside(path: Path, write: Callable[[BinaryIO], None]) -> None:
         raise
 
 
+class StorePathError(StoreError):
+    """A path inside a store that could leave the folder it is joined to: a ``..``, ``.`` or empty name in it."""
+
+
+def relative_path(path: str, where: str, *, under: str | None = None) -> str:
+    """``path`` when it is names joined by ``/`` (below ``under/`` when given) that stay inside the folder they are
+    joined to: no ``..``, ``.`` or empty name, so no leading, trailing or doubled ``/`` either.
+
+    Else a :class:`StorePathError` whose message starts with ``where`` (the file that named the path, or the URL
+    being made), so a path read from the store can never name a file outside it.
+    """
+    if not isinstance(path, str):
+        raise StorePathError(f"{where}: {path!r} is not a path; give names joined by '/'")
+    bad = next((name for name in path.split("/") if name in ("", ".", "..") or "\x00" in name), None)
+    if bad is not None:
+        problem = ("an empty name (a leading, trailing or doubled '/')" if bad == "" else
+                   "a NUL character" if "\x00" in bad else f"a {bad!r}")
+        raise StorePathError(f"{where}: path {path!r} has {problem}; a path on a store is names joined by '/' "
+                             "that stays inside the folder it is joined to")
+    if under is not None and not path.startswith(f"{under}/"):
+        raise StorePathError(f"{where}: path {path!r} is not under {under}/, the only folder it may name")
+    return path
+
+
 def join_url(base: str, *parts: str) -> str:
-    """``base/part/part``, without doubling slashes; works for paths and URLs."""
+    """``base/part/part``; works for paths and URLs. Each part is a name or names joined by ``/``, checked by
+    :func:`relative_path`: a part never leads out of ``base`` (``..``), nor starts again from the root (``/x``)."""
     out = base.rstrip("/")
     for part in parts:
-        out = f"{out}/{part.strip('/')}"
+        out = f"{out}/{relative_path(part, f'{out}/{part}')}"
     return out
 
 

@@ -22,15 +22,25 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rag_core.errors import WikiragError
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 SHA256 = r"^[0-9a-f]{64}$"
+# Every path a manifest names is one of these shapes, exactly as the builder writes it (versions.shard_names,
+# embeddings.embedding_ref): nothing read from a manifest can name a file outside its version's folder or
+# outside embeddings/<fingerprint_id>/<dump_id>/.
+NAME = r"[0-9A-Za-z][0-9A-Za-z._-]*"  # a version or a passage set: one name, never '.' or '..'
+FINGERPRINT_ID = r"^[0-9a-f]{16}$"
+SHARD_FILE = re.compile(r"^shard-(\d{5,})\.faiss$")
+SHARD_IDS_FILE = re.compile(r"^shard-(\d{5,})\.ids\.parquet$")
+EMBEDDING_FILE = re.compile(rf"^embeddings/([0-9a-f]{{16}})/({NAME})/rows-(\d{{10,}})-(\d{{10,}})\.([0-9a-f]{{8}})"
+                            r"\.(npy|ids\.parquet)$")
 
 
 class ManifestError(WikiragError):
@@ -48,6 +58,29 @@ class EmbeddingRef(BaseModel):
     vectors_sha256: str = Field(pattern=SHA256)
     ids: str = Field(description=".ids.parquet: passage_id and text_hash per row")
     ids_sha256: str = Field(pattern=SHA256)
+
+    @field_validator("vectors", "ids")
+    @classmethod
+    def _written_by_embed(cls, path: str, info: ValidationInfo) -> str:
+        """The two files of one range: ``embeddings/<fingerprint_id>/<dump_id>/rows-<start>-<stop>.<w>.<ext>``."""
+        ext = "npy" if info.field_name == "vectors" else "ids.parquet"
+        match = EMBEDDING_FILE.match(path)
+        if match is None or match.group(6) != ext:
+            raise ValueError(f"{path!r} is not an embedding file of this store "
+                             f"(embeddings/<fingerprint_id>/<dump_id>/rows-<start>-<stop>.<8 hex>.{ext})")
+        rows = int(match.group(3)), int(match.group(4))
+        if rows != (info.data.get("start"), info.data.get("stop")):
+            raise ValueError(f"{path!r} holds rows {rows[0]}..{rows[1]}, this reference rows "
+                             f"{info.data.get('start')}..{info.data.get('stop')}")
+        vectors = EMBEDDING_FILE.match(info.data.get("vectors") or "")
+        if info.field_name == "ids" and vectors is not None and vectors.groups()[:5] != match.groups()[:5]:
+            raise ValueError(f"{path!r} is not the ids file of the range {info.data['vectors']!r}")
+        return path
+
+    def folder(self) -> tuple[str, str]:
+        """(fingerprint_id, dump_id) of the embedding folder both files are in."""
+        match = EMBEDDING_FILE.match(self.vectors)
+        return match.group(1), match.group(2)
 
     def paths(self) -> tuple[str, str]:
         """The two data files a reader of this shard's vectors opens."""
@@ -71,6 +104,16 @@ class ShardEntry(BaseModel):
                                  "parameters, measured recall and speed")
     embeddings: EmbeddingRef | None = Field(None, description="None for versions published from bare vectors")
 
+    @field_validator("url", "ids_url")
+    @classmethod
+    def _written_by_publish(cls, name: str, info: ValidationInfo) -> str:
+        """``shard-<shard>.faiss`` and ``shard-<shard>.ids.parquet``, in the version's folder."""
+        pattern, ext = (SHARD_FILE, "faiss") if info.field_name == "url" else (SHARD_IDS_FILE, "ids.parquet")
+        match, shard = pattern.match(name), info.data.get("shard")
+        if match is None or int(match.group(1)) != shard:
+            raise ValueError(f"{name!r} is not shard {shard}'s file in the version's folder (shard-<5 digits>.{ext})")
+        return name
+
 
 class IndexManifest(BaseModel):
     """What a published version is and what it reads."""
@@ -78,7 +121,7 @@ class IndexManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal[2] = SCHEMA_VERSION
-    version: str
+    version: str = Field(pattern=f"^{NAME}$", description="the version's folder under indexes/")
     created_at: dt.datetime
     count: int = Field(ge=0, description="passages in all shards")
     dim: int = Field(ge=1)
@@ -87,13 +130,23 @@ class IndexManifest(BaseModel):
     factory_requested: str | None = Field(None, description="what was asked for, e.g. auto")
     index_config: dict[str, Any] | None = None
     encoder: dict[str, Any] | None = Field(None, description="the passage encoder's fingerprint")
-    fingerprint_id: str | None = None
+    fingerprint_id: str | None = Field(None, pattern=FINGERPRINT_ID, description="names the embedding folder")
     encoder_config: dict[str, Any] | None = None
-    dump_id: str | None = Field(None, description="the passage set the version was built from")
+    dump_id: str | None = Field(None, pattern=f"^{NAME}$", description="the passage set the version was built from")
     passages: str | None = Field(None, description="that passage set's URL")
     dump: dict[str, Any] | None = Field(None, description="the dump behind the passages: url, sha256, bytes")
     gates: dict[str, Any] = Field(default_factory=dict, description="the gates' summaries and observed values")
     shards: list[ShardEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _embeddings_of_this_build(self) -> IndexManifest:
+        """Embedding files are those of this version's encoder and passage set, the only ones its build reads."""
+        for entry in self.shards:
+            if entry.embeddings is not None and entry.embeddings.folder() != (self.fingerprint_id, self.dump_id):
+                raise ValueError(f"shard {entry.shard}'s embeddings {entry.embeddings.vectors!r} are not in "
+                                 f"embeddings/{self.fingerprint_id}/{self.dump_id}/, the folder of this version's "
+                                 "fingerprint_id and dump_id")
+        return self
 
     def files(self) -> list[str]:
         """Every file this version reads, relative to the store's root (its manifest included)."""

@@ -37,7 +37,7 @@ from rag_core.index.versions import (
     move_latest,
     read_index_manifest,
 )
-from rag_core.storage import Store
+from rag_core.storage import Store, relative_path
 from rag_core.wiki.ingest import PASSAGES_DIR, STAGING_DIR
 
 
@@ -164,7 +164,9 @@ def delete_version(store: Store, version: str, *, force: bool = False) -> Remove
     removed, own = Removed(), []
     if MANIFEST in folder:
         try:
-            own = [p for e in read_index_manifest(store, version).shards if e.embeddings for p in e.embeddings.paths()]
+            # checked again here: whatever a manifest names, a delete stays under embeddings/
+            own = [relative_path(p, indexes.url_of(version, MANIFEST), under=EMBEDDINGS_DIR)
+                   for e in read_index_manifest(store, version).shards if e.embeddings for p in e.embeddings.paths()]
         except ManifestError as exc:
             removed.notes.append(f"its embedding files are left for gc ({exc})")
         others, unreadable = referenced_files(store, besides=version)

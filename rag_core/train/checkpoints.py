@@ -39,7 +39,7 @@ from safetensors.torch import save as save_tensors
 from torch import nn
 
 from rag_core.errors import WikiragError
-from rag_core.storage import Store
+from rag_core.storage import Store, StorePathError, relative_path
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +214,29 @@ class Checkpoint:
     url: str
 
 
-def _read_checked(folder: Store) -> dict[str, bytes]:
+def _listed_files(folder: Store) -> dict[str, dict[str, Any]]:
+    """The files ``manifest.json`` names: each a path that stays inside ``folder``, with its bytes and sha256."""
+    where = folder.url_of(MANIFEST)
+    fix = f"the manifest was not written by wikirag: remove {folder.url} and rerun the run that wrote it"
     manifest = folder.read_json(MANIFEST)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{where}: no 'files' object naming the folder's files; {fix}")
+    for name, entry in files.items():
+        try:
+            relative_path(name, where)
+        except StorePathError:
+            raise CheckpointError(f"{where}: names file {name!r}, which is not a path inside the folder (no '..', "
+                                  f"'.', empty name or leading '/'); {fix}") from None
+        entry = entry if isinstance(entry, dict) else {}
+        if not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+            raise CheckpointError(f"{where}: file {name!r} has no bytes (int) and sha256 (str); {fix}")
+    return files
+
+
+def _read_checked(folder: Store) -> dict[str, bytes]:
     files = {}
-    for name, entry in manifest["files"].items():
+    for name, entry in _listed_files(folder).items():
         data = folder.read_bytes(name)
         if len(data) != entry["bytes"] or _sha256(data) != entry["sha256"]:
             raise CheckpointError(f"{folder.url_of(name)}: does not match its manifest (sha256); the folder is "
@@ -278,9 +297,15 @@ def download_model(store: Store, local_dir: str | Path) -> Path:
         raise CheckpointError(f"{store.url}: no {MANIFEST}; not a finished model (a run may still be saving it, "
                               "or was killed while saving: rerun it)")
     local = Path(local_dir)
-    for name, data in _read_checked(store).items():
-        (local / name).parent.mkdir(parents=True, exist_ok=True)
-        (local / name).write_bytes(data)
+    files = _read_checked(store)
+    inside = local.resolve()
+    targets = {name: (inside / name).resolve() for name in files}
+    if outside := [name for name, target in targets.items() if not target.is_relative_to(inside)]:
+        raise CheckpointError(f"{store.url_of(MANIFEST)}: {outside[0]!r} resolves outside {local} (a link there?); "
+                              f"download into an empty folder")
+    for name, data in files.items():
+        targets[name].parent.mkdir(parents=True, exist_ok=True)
+        targets[name].write_bytes(data)
     return local
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rag_core.errors import StoreError
-from rag_core.storage import Store, StoreUnreachableError, translate_errors
+from rag_core.storage import Store, StorePathError, StoreUnreachableError, join_url, relative_path, translate_errors
 from tests.conftest import S3Server
 
 
@@ -81,3 +81,76 @@ def test_unwritable_local_store(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(StoreError, match="blocked by a file"):
         Store(str(blocker / "store")).check_writable()
+
+
+def test_join_url_joins_names_and_names_joined_by_slashes() -> None:
+    assert join_url("s3://bucket/", "indexes", "v1/manifest.json") == "s3://bucket/indexes/v1/manifest.json"
+    assert join_url("/srv/store", "embeddings/0123456789abcdef/d1", "rows-0000000000-0000000010.ab12cd34.npy") == (
+        "/srv/store/embeddings/0123456789abcdef/d1/rows-0000000000-0000000010.ab12cd34.npy")
+    assert join_url("file:///srv/store", "a..b", ".hidden", "...") == "file:///srv/store/a..b/.hidden/..."  # names
+    assert join_url("/srv/store") == "/srv/store"
+
+
+BAD_PARTS = {
+    "..": "a '..'", "../../victim.npy": "a '..'", "indexes/../../victim.npy": "a '..'", "a/..": "a '..'",
+    ".": "a '.'", "./manifest.json": "a '.'", "": "an empty name", "/etc/passwd": "an empty name",
+    "indexes/": "an empty name", "indexes//v1": "an empty name", "s3://other/x": "an empty name",
+    "a\x00b": "a NUL character",
+}
+
+
+@pytest.mark.parametrize("part", list(BAD_PARTS))
+def test_join_url_refuses_a_part_that_could_leave_the_base(part: str) -> None:
+    with pytest.raises(StorePathError) as err:
+        join_url("/srv/store", "indexes", part)
+    message = str(err.value)
+    assert message.startswith(f"/srv/store/indexes/{part}: path {part!r} has {BAD_PARTS[part]}")
+    assert message.endswith("; a path on a store is names joined by '/' that stays inside the folder it is joined to")
+    assert "\n" not in message and isinstance(err.value, StoreError)
+
+
+def test_relative_path_under_a_folder() -> None:
+    assert relative_path("embeddings/f/d/x.npy", "m.json", under="embeddings") == "embeddings/f/d/x.npy"
+    for path in ("indexes/v1/shard-00000.faiss", "embeddingsX/x.npy", "embeddings"):
+        with pytest.raises(StorePathError, match=rf"^m\.json: path '{path}' is not under embeddings/, the only"):
+            relative_path(path, "m.json", under="embeddings")
+    with pytest.raises(StorePathError, match=r"^m\.json: path 'embeddings/\.\./x' has a '\.\.'"):
+        relative_path("embeddings/../x", "m.json", under="embeddings")
+
+
+def _victim(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    victim = folder / "victim.npy"
+    victim.write_bytes(b"not the store's")
+    return victim
+
+
+def test_no_store_operation_reaches_outside_a_local_store(tmp_path: Path) -> None:
+    """Every operation of a real local store, given a path that climbs out of it: refused, the file outside intact."""
+    victim = _victim(tmp_path / "outside")
+    store = Store(str(tmp_path / "store"))
+    store.write_bytes(b"inside", "indexes", "v1", "shard-00000.faiss")
+    escape = ("indexes", "v1", "../../../outside/victim.npy")
+    calls = [lambda: store.remove(*escape), lambda: store.read_bytes(*escape), lambda: store.exists(*escape),
+             lambda: store.write_bytes(b"x", *escape), lambda: store.list("..", "outside"),
+             lambda: store.files("..", "outside"), lambda: store.child("..").remove("outside"),
+             lambda: store.move_tree(("..", "outside"), ("stolen",)), lambda: store.remove("/" + str(victim))]
+    for call in calls:
+        with pytest.raises(StorePathError, match=r"has (a '\.\.'|an empty name)"):
+            call()
+    assert victim.read_bytes() == b"not the store's" and sorted(p.name for p in victim.parent.iterdir()) == [
+        "victim.npy"]
+    assert store.read_bytes("indexes", "v1", "shard-00000.faiss") == b"inside"
+
+
+def test_no_store_operation_reaches_outside_an_s3_prefix(s3_server: S3Server) -> None:
+    """On a real S3 server: a key beside the store's prefix is out of reach through '..'."""
+    beside = Store(f"s3://{s3_server.bucket}/beside", s3_server.options())
+    beside.write_bytes(b"not the store's", "victim.npy")
+    store = Store(f"s3://{s3_server.bucket}/paths-store", s3_server.options())
+    store.write_bytes(b"inside", "indexes", "v1", "shard-00000.faiss")
+    for call in (lambda: store.remove("..", "beside", "victim.npy"), lambda: store.read_bytes("../beside/victim.npy"),
+                 lambda: store.child("indexes", "v1").remove("../../../beside")):
+        with pytest.raises(StorePathError, match=r"has a '\.\.'"):
+            call()
+    assert beside.read_bytes("victim.npy") == b"not the store's"
