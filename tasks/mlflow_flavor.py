@@ -27,9 +27,12 @@ Two ways in:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +61,8 @@ class ArtifactWriter:
     and keeps the sha256 of its checksums.json in ``digest``, for the caller to record outside the artifact."""
 
     def __init__(self, model_dir: str | Path, binding: dict[str, Any]) -> None:
-        self.model_dir, self.binding = Path(model_dir), binding
+        self.model_dir = Path(model_dir)
+        self.binding = {k: v if v is None or isinstance(v, int) else str(v) for k, v in binding.items()}  # YAML-safe
         self.digest: str | None = None
 
     def save_model(self, path: str, mlflow_model: Any) -> None:
@@ -174,12 +178,27 @@ def load_registered(model_uri: str, tracking_uri: str, index_version: str | None
     if not anchor or not location:
         raise ModelArtifactError(f"{where}: no {CHECKSUMS_TAG} tag or no logged model, so its files cannot be "
                                  "checked; refused: register models with wikirag (tasks.registry.register)")
-    with tempfile.TemporaryDirectory(prefix="wikirag-model-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="wikirag-model-") as tmp, _no_progress_bar():
         # the logged model's own files: a models:/NAME/VERSION download would add MLflow's registered_model_meta
         root = Path(download_artifacts(artifact_uri=location, dst_path=tmp, tracking_uri=tracking_uri))
         check_mlmodel(root, where)
         check_files(root, where, anchor=(anchor, f"the {CHECKSUMS_TAG} tag of {where}"))
         return build(root / DATA_DIR, where, index_version)
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow's download bar (a line per file on stderr) off: a refusal must stay one line."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    previous = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def _resolve(client: Any, model_uri: str) -> tuple[str, str | None, str | None]:
