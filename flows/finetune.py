@@ -5,9 +5,9 @@ For each requested task (one child flow run each), on one index version:
 task files (or cloze questions drawn from the index's own passages) -> dataset gate (GX)
 -> an MLflow run in experiment ``wikirag-<task>`` -> the zero-shot start evaluated on dev
 -> the torchrun job (N DDP processes; rank 0 logs loss, dev loss and the loss curve into the run)
--> the fine-tuned model evaluated on dev -> predictions gate (GX) -> logged as a pyfunc model,
-registered, its index version pinned, and promoted to ``champion`` only if it beats the
-current champion by ``margin`` (else ``challenger``).
+-> the fine-tuned model evaluated on dev -> predictions gate (GX) -> logged as wikirag's MLflow
+flavor (weights, config and checksums: data), its index version pinned, registered, and promoted
+to ``champion`` only if it beats the current champion by ``margin`` (else ``challenger``).
 
 Everything comes in as parameters; ``deployed_finetune`` (the deployment's entry point) reads
 the worker's settings once.
@@ -94,7 +94,7 @@ def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
 @task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAccess, task_kind: str, metric: str,
                    value: float, margin: float, print_: str) -> Any:
-    """Log the fine-tuned model as a pyfunc model of the run, register it, pin its index, gate its promotion."""
+    """Log the fine-tuned model as data into the run, pin its index, register it, gate its promotion."""
     folder = scratch_dir("wikirag-register-")
     try:
         model.save_pretrained(folder)

@@ -45,6 +45,9 @@ from tasks.model_checksums import ModelArtifactError, check_files, write_checksu
 FLAVOR_MODULE = __name__  # what MLmodel must name as the pyfunc loader_module
 DATA_DIR, RAG_DIR, BINDING = "data", "rag_model", "binding.json"
 CHECKSUMS_TAG = "wikirag.checksums_sha256"
+# The pyfunc settings a wikirag model has (what save_model writes); any other (a code folder, a models-from-code
+# file, artifacts) would make MLflow run something from the artifact
+_FLAVOR_KEYS = frozenset({"loader_module", "data", "env", "python_version", "config"})
 MAX_NEW_TOKENS_CAP = 256  # answer tokens one request may ask for: generation time grows with it, per question
 # Consumers load the model where wikirag is installed (`pip install -e .`; `mlflow models serve --env-manager
 # local`): wikirag is no PyPI package, so these are the pins its code needs beside it.
@@ -130,7 +133,7 @@ def check_mlmodel(root: Path, where: str) -> None:
     if found != FLAVOR_MODULE:
         raise ModelArtifactError(f"{where}/MLmodel: loader_module is {found!r}, not {FLAVOR_MODULE!r}; refused "
                                  "(its code would run): load only models logged by wikirag")
-    extra = sorted(set(pyfunc) & {"code", "model_code_path", "python_model", "cloudpickle_version", "artifacts"})
+    extra = sorted(set(pyfunc) - _FLAVOR_KEYS)
     if extra or pyfunc.get("data") != DATA_DIR:
         raise ModelArtifactError(f"{where}/MLmodel: the {FLAVOR_MODULE} flavor names {extra or pyfunc.get('data')!r}"
                                  f"; refused: a wikirag model carries data in {DATA_DIR!r} and no code")

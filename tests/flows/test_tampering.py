@@ -127,6 +127,11 @@ def test_a_damaged_embedding_record_stops_a_rebuild_with_one_line(published_inde
 # What would run code or unpickle objects from a file: none of it may read what the store holds.
 UNSAFE = re.compile(r"pickle\.loads?\(|torch\.load\(|trust_remote_code\s*=\s*True|allow_pickle\s*=\s*True|"
                     r"(?<![.\w])(eval|exec)\(|joblib\.load|cloudpickle|marshal\.loads?")
+# What would follow a registered model's MLmodel to code: MLflow's generic loader (it imports whatever loader_module,
+# code folder or models-from-code file the MLmodel names) and models from code. Only wikirag's flavor module, the
+# entry point MLflow calls, may speak of them.
+MODEL_CODE = re.compile(r"pyfunc\.load_model|pyfunc import .*load_model|code_model|python_model\s*=|models\.set_model|PythonModel")
+FLAVOR = REPO / "tasks" / "mlflow_flavor.py"
 
 
 def test_nothing_read_from_the_store_is_unpickled_or_executed() -> None:
@@ -137,4 +142,10 @@ def test_nothing_read_from_the_store_is_unpickled_or_executed() -> None:
                 code = line.split("#", 1)[0]
                 if UNSAFE.search(code) and "weights_only=True" not in code:
                     found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+                if MODEL_CODE.search(code) and path != FLAVOR:
+                    found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert found == []
+    # and the flavor itself loads no model through MLflow: it reads MLmodel as YAML data
+    flavor_code = [line.split("#", 1)[0] for line in FLAVOR.read_text().splitlines()]
+    assert not [c for c in flavor_code if re.search(r"pyfunc\.load_model\(|code_model|python_model\s*=", c)]
+    assert any("yaml.safe_load(" in c for c in flavor_code)
