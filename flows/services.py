@@ -141,6 +141,11 @@ def _workers_online(api_url: str, auth: str | None) -> bool:
     try:
         with urllib.request.urlopen(request, timeout=2) as resp:
             return any(w.get("status") == "ONLINE" for w in json.load(resp))
+    except HTTPError as exc:
+        if exc.code == 401:
+            raise ServicesError(f"the Prefect server at {api_url} refuses PREFECT_API_AUTH_STRING: it runs with "
+                                "another; export that one, or `wikirag services down` and up again") from None
+        return False
     except (OSError, ValueError):
         return False
 

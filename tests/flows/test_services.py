@@ -217,6 +217,13 @@ def test_up_is_idempotent_and_every_engine_refuses_a_request_without_credentials
     for key in tls_dir.glob("*-key.pem"):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
 
+    # another password than the running engines' is one line naming the variable; nothing is restarted
+    for var, value in (("MLFLOW_TRACKING_PASSWORD", "another-password-000"), ("PREFECT_API_AUTH_STRING", "wikirag:x")):
+        other = _wikirag({**env, var: value}, "services", "up", timeout=120)
+        assert other.returncode == 2 and var in other.stderr and "Traceback" not in other.stderr, other.stderr
+        assert value not in other.stderr
+    assert _status(env) == services.rows
+
     # no secret in any process's argv, nor in any record, log or other file of the workspace, nor printed
     for name, row in services.rows.items():
         for pid in _group_pids(int(row[2])):
