@@ -20,11 +20,27 @@ from xml.etree.ElementTree import ParseError, XMLPullParser
 from fsspec.core import url_to_fs
 
 from rag_core.errors import DumpError
-from rag_core.storage import translate_errors
+from rag_core.storage import StoreUnreachableError, translate_errors
 
 CHUNK_BYTES = 1 << 20
 EXPORT_NS_PREFIX = "http://www.mediawiki.org/xml/export-"
 BZ2_MAGIC = b"BZh"
+# A MediaWiki revision holds at most 2 MiB of wikitext ($wgMaxArticleSize), up to ~12 MiB once XML-escaped;
+# 256 MiB leaves room for full-history pages of many revisions while a bz2 bomb (a few hundred bytes that
+# decompress to terabytes) is stopped at a known memory cost.
+MAX_PAGE_BYTES = 256 << 20
+# HTTP dumps: a read may wait this long for the server's next bytes; the download as a whole has no limit (a
+# full dump streams for hours, past aiohttp's default total of 300 s).
+HTTP_READ_TIMEOUT_S = 120.0
+HTTP_CONNECT_TIMEOUT_S = 30.0
+
+
+class DumpServerTimeoutError(StoreUnreachableError):
+    """The server of an HTTP dump sent nothing for longer than the read timeout: a transport error, retried."""
+
+
+class PageTooLargeError(DumpError):
+    """A page (or a multistream bz2 stream) decompresses to more than the cap: a corrupt or hostile dump."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,34 +62,65 @@ class DumpSource:
 
     url: str
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
+    read_timeout_s: float = HTTP_READ_TIMEOUT_S  # HTTP: the longest wait for the server's next bytes
 
     @property
     def name(self) -> str:
         return self.url.rstrip("/").rsplit("/", 1)[-1]
 
+    @property
+    def is_http(self) -> bool:
+        return self.url.startswith(("http://", "https://"))
+
     def open(self, streaming: bool = False) -> Any:
         """A binary file; ``streaming`` reads front to back without range requests (HTTP)."""
-        with translate_errors(self.url, "reading"):
+        with self.reading():
             try:
-                fs, path = url_to_fs(self.url, **dict(self.options))
-                if streaming and self.url.startswith(("http://", "https://")):
-                    return fs.open(path, "rb", block_size=0)
-                return fs.open(path, "rb")
+                fs, path = self._filesystem()
+                if streaming and self.is_http:
+                    return _DumpFile(fs.open(path, "rb", block_size=0), self)
+                return _DumpFile(fs.open(path, "rb"), self)
             except FileNotFoundError as exc:
                 raise DumpError(f"{self.url}: no such file; check the path or URL") from exc
 
     def size(self) -> int:
-        with translate_errors(self.url, "reading"):
+        with self.reading():
             try:
-                fs, path = url_to_fs(self.url, **dict(self.options))
+                fs, path = self._filesystem()
                 return int(fs.size(path))
             except FileNotFoundError as exc:
                 raise DumpError(f"{self.url}: no such file; check the path or URL") from exc
 
     def read_range(self, start: int, end: int) -> bytes:
-        with translate_errors(self.url, "reading"), self.ranged_reads():
-            fs, path = url_to_fs(self.url, **dict(self.options))
+        with self.reading(), self.ranged_reads():
+            fs, path = self._filesystem()
             return fs.cat_file(path, start=start, end=end)
+
+    def _filesystem(self) -> tuple[Any, str]:
+        options = dict(self.options)
+        if self.is_http:
+            import aiohttp
+
+            # Bounded per read, not in total (HTTP_READ_TIMEOUT_S); the caller's own timeout wins.
+            client = dict(options.get("client_kwargs") or {})
+            client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT_S,
+                                                               sock_read=self.read_timeout_s))
+            options["client_kwargs"] = client
+        return url_to_fs(self.url, **options)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Store failures as one StoreError line; an HTTP server that stalls past the read timeout, as such."""
+        with translate_errors(self.url, "reading"):
+            try:
+                yield
+            except TimeoutError as exc:
+                if not self.is_http:
+                    raise
+                raise DumpServerTimeoutError(
+                    f"{self.url}: the dump server did not answer for {self.read_timeout_s:g} s; check that it is up "
+                    "and rerun (finished work is reused), or raise DumpSource.read_timeout_s for a slow server"
+                ) from exc
 
     @contextlib.contextmanager
     def ranged_reads(self) -> Iterator[None]:
@@ -87,6 +134,27 @@ class DumpSource:
                 f"{self.url}: the server does not support range requests, which an index needs; "
                 "download the dump first, or ingest it without --index"
             ) from exc
+
+
+class _DumpFile:
+    """The dump's file object, whose reads report a stalled server or an unreachable store in one line."""
+
+    def __init__(self, raw: Any, source: DumpSource) -> None:
+        self._raw = raw
+        self._source = source
+
+    def read(self, size: int = -1) -> bytes:
+        with self._source.reading():
+            return self._raw.read(size)
+
+    def __getattr__(self, name: str) -> Any:  # seek, tell, close, ...: the file's own
+        return getattr(self._raw, name)
+
+    def __enter__(self) -> _DumpFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._raw.close()
 
 
 def sniff_compression(head: bytes, name: str) -> str:
@@ -114,10 +182,10 @@ def iter_file_chunks(source: DumpSource) -> Iterator[bytes]:
         offset = 0
         for data in reads:
             offset += len(data)
-            while data:
-                in_stream = True
+            while True:  # until this read is used up; each call gives at most CHUNK_BYTES (a bz2 bomb stays small)
+                in_stream = in_stream or bool(data)
                 try:
-                    out = decompressor.decompress(data)
+                    out = decompressor.decompress(data, max_length=CHUNK_BYTES)
                 except OSError as exc:
                     raise DumpError(
                         f"{source.name}: corrupt bz2 data near byte {offset:,} ({exc}); download the dump again"
@@ -132,6 +200,10 @@ def iter_file_chunks(source: DumpSource) -> Iterator[bytes]:
                     in_stream = False
                     if data and not data.startswith(BZ2_MAGIC[:1]):
                         raise DumpError(f"{source.name}: stray bytes after a bz2 stream near byte {offset:,}; the file is corrupt")
+                    if not data:
+                        break
+                elif decompressor.needs_input:
+                    break
         if in_stream:
             raise DumpError(
                 f"{source.name}: the bz2 data ends before its end-of-stream marker (truncated download?); "
@@ -143,12 +215,17 @@ class PageParser:
     """Incremental ``<page>`` parser: feed decompressed bytes, collect pages.
 
     ``wrapped=True`` parses a bare sequence of ``<page>`` elements (a
-    multistream stream) by giving it a synthetic root.
+    multistream stream) by giving it a synthetic root. A page whose XML
+    grows past ``max_page_bytes`` raises :class:`PageTooLargeError` (checked
+    after each feed, so memory holds at most the cap plus one fed chunk).
     """
 
-    def __init__(self, name: str, *, wrapped: bool = False) -> None:
+    def __init__(self, name: str, *, wrapped: bool = False, max_page_bytes: int = MAX_PAGE_BYTES) -> None:
         self.name = name
         self.wrapped = wrapped
+        self.max_page_bytes = max_page_bytes
+        self._chunk = (0, 0)  # [start, end) in decompressed bytes of the chunk being parsed
+        self._page_chunk = (0, 0)  # the chunk in which the open <page> started
         self.schema_version: str | None = None
         self._parser = XMLPullParser(events=("start", "end"))
         self._root: Any = None
@@ -166,6 +243,13 @@ class PageParser:
         # re-encode per byte. Invalid UTF-8 stops expat; _push then names it as such.
         self._push(data)
         self._bytes_fed += len(data)
+        # The open page started before the end of the chunk it started in: at least this much of it is held.
+        if self._page_depth and self._bytes_fed - self._page_chunk[1] > self.max_page_bytes:
+            raise PageTooLargeError(
+                f"{self.name}: the page starting near decompressed byte {self._page_chunk[0]:,} is larger than the "
+                f"cap of {self.max_page_bytes:,} bytes (max_page_bytes); the dump is corrupt or hostile, or raise "
+                "the cap for pages that large"
+            )
         pages, self._pages = self._pages, []
         return pages
 
@@ -186,6 +270,7 @@ class PageParser:
         return pages
 
     def _push(self, data: bytes) -> None:
+        self._chunk = (self._bytes_fed, self._bytes_fed + len(data))
         try:
             self._parser.feed(data)
             self._drain()
@@ -217,6 +302,7 @@ class PageParser:
                     self._check_root(elem, local)
                 elif local == "page" and self._page_depth == 0:
                     self._page_depth = self._depth
+                    self._page_chunk = self._chunk
                 continue
             if local == "page" and self._depth == self._page_depth:
                 self._pages.append(_page_from_element(elem, self.name))
@@ -290,14 +376,15 @@ def _ns_from_title(title: str) -> int:
     return 0 if ":" not in title else -1
 
 
-def parse_pages(chunks: Iterable[bytes], name: str, *, wrapped: bool = False) -> Iterator[Page]:
-    """Pages from an iterable of decompressed XML chunks."""
-    parser = PageParser(name, wrapped=wrapped)
+def parse_pages(chunks: Iterable[bytes], name: str, *, wrapped: bool = False,
+                max_page_bytes: int = MAX_PAGE_BYTES) -> Iterator[Page]:
+    """Pages from an iterable of decompressed XML chunks; a page over ``max_page_bytes`` is a PageTooLargeError."""
+    parser = PageParser(name, wrapped=wrapped, max_page_bytes=max_page_bytes)
     for chunk in chunks:
         yield from parser.feed(chunk)
     yield from parser.close()
 
 
-def iter_pages(source: DumpSource) -> Iterator[Page]:
-    """Every page of a whole ``.xml`` or ``.xml.bz2`` file, in order."""
-    return parse_pages(iter_file_chunks(source), source.name)
+def iter_pages(source: DumpSource, *, max_page_bytes: int = MAX_PAGE_BYTES) -> Iterator[Page]:
+    """Every page of a whole ``.xml`` or ``.xml.bz2`` file, in order; a page over ``max_page_bytes`` stops it."""
+    return parse_pages(iter_file_chunks(source), source.name, max_page_bytes=max_page_bytes)

@@ -15,8 +15,19 @@ import bz2
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from rag_core.errors import DumpError
-from rag_core.wiki.dumps import BZ2_MAGIC, EXPORT_NS_PREFIX, DumpSource, Page, PageParser, iter_file_chunks
+from rag_core.wiki.dumps import (
+    BZ2_MAGIC,
+    EXPORT_NS_PREFIX,
+    MAX_PAGE_BYTES,
+    DumpSource,
+    Page,
+    PageParser,
+    PageTooLargeError,
+    iter_file_chunks,
+)
 
 try:  # libbz2 ported to Rust (cramjam's pure-Rust backend): the same bytes, decompressed faster
     from cramjam_pure_rust import DecompressionError as _RustBz2Error
@@ -122,8 +133,11 @@ def plan_shards(streams: Sequence[Stream], file_size: int, num_shards: int) -> l
     return [s for s in shards if s.streams]
 
 
-def check_layout(dump: DumpSource, streams: Sequence[Stream], file_size: int) -> str:
-    """Cheap checks that the index belongs to the dump; returns the export schema version."""
+def check_layout(dump: DumpSource, streams: Sequence[Stream], file_size: int, *,
+                 max_page_bytes: int = MAX_PAGE_BYTES) -> str:
+    """Cheap checks that the index belongs to the dump; returns the export schema version.
+
+    The header stream is held to ``max_page_bytes`` decompressed, as every page stream is."""
     last = streams[-1].offset
     if last >= file_size:
         raise DumpError(
@@ -134,11 +148,13 @@ def check_layout(dump: DumpSource, streams: Sequence[Stream], file_size: int) ->
     if not header.startswith(BZ2_MAGIC):
         raise DumpError(f"{dump.name}: not bz2-compressed; a multistream index needs the .xml.bz2 multistream dump")
     try:
-        text = bz2.decompress(header).decode("utf-8")
-    except (OSError, EOFError, ValueError, UnicodeDecodeError) as exc:
+        text = decompress_streams(header, dump.name, 0, use_rust=False, max_bytes=max_page_bytes).decode("utf-8")
+    except PageTooLargeError:
+        raise
+    except (DumpError, UnicodeDecodeError) as exc:
         raise DumpError(
-            f"{dump.name}: the bytes before the index's first offset are not one bz2 header stream ({exc}); "
-            "the index does not match this dump"
+            f"{dump.name}: the bytes before the index's first offset are not one bz2 header stream "
+            f"({exc.__cause__ or exc}); the index does not match this dump"
         ) from exc
     start = text.find("<mediawiki")
     if start < 0 or EXPORT_NS_PREFIX not in text[start : start + 500]:
@@ -148,9 +164,14 @@ def check_layout(dump: DumpSource, streams: Sequence[Stream], file_size: int) ->
     return parser.schema_version or "unknown"
 
 
-def iter_shard_pages(dump: DumpSource, shard: StreamShard) -> Iterator[Page]:
-    """Pages of one shard, checking each stream against the index as it goes."""
-    parser = PageParser(f"{dump.name} (bytes {shard.start:,}-{shard.end:,})", wrapped=True)
+def iter_shard_pages(dump: DumpSource, shard: StreamShard, *, max_page_bytes: int = MAX_PAGE_BYTES) -> Iterator[Page]:
+    """Pages of one shard, checking each stream against the index as it goes.
+
+    Each bz2 stream (about 100 pages) is held whole while it is parsed, so it is held to ``max_page_bytes``
+    decompressed: a larger one raises :class:`~rag_core.wiki.dumps.PageTooLargeError` naming its byte offset.
+    """
+    parser = PageParser(f"{dump.name} (bytes {shard.start:,}-{shard.end:,})", wrapped=True,
+                        max_page_bytes=max_page_bytes)
     with dump.open() as raw:
         for k, stream in enumerate(shard.streams):
             stream_end = shard.streams[k + 1].offset if k + 1 < len(shard.streams) else shard.end
@@ -160,7 +181,7 @@ def iter_shard_pages(dump: DumpSource, shard: StreamShard) -> Iterator[Page]:
                     f"{dump.name}: no bz2 stream starts at byte {stream.offset:,} as the index says; "
                     "the index does not match this dump"
                 )
-            xml = decompress_streams(data, dump.name, stream.offset)
+            xml = decompress_streams(data, dump.name, stream.offset, max_bytes=max_page_bytes)
             if xml[-64:].rstrip().endswith(FOOTER):  # the dump's last stream is its footer
                 xml = xml.rstrip()[: -len(FOOTER)]
             pages = parser.feed(xml)
@@ -188,31 +209,53 @@ def _read_exact(raw, start: int, end: int, dump: DumpSource) -> bytes:
     return data
 
 
-def decompress_streams(data: bytes, name: str, offset: int, *, use_rust: bool = True) -> bytes:
+def decompress_streams(data: bytes, name: str, offset: int, *, use_rust: bool = True,
+                       max_bytes: int = MAX_PAGE_BYTES) -> bytes:
     """The bz2 streams in ``data`` (read from byte ``offset`` of ``name``), decompressed and concatenated.
 
-    ``use_rust=False`` takes the standard library's bz2 even where the Rust port is installed.
+    More than ``max_bytes`` of output raises :class:`~rag_core.wiki.dumps.PageTooLargeError`, having
+    decompressed no more than that. ``use_rust=False`` takes the standard library's bz2 even where the
+    Rust port is installed.
     """
     if use_rust and _rust_bz2 is not None:
+        # Into a buffer one byte over the cap: the port stops when it is full. np.empty reserves address
+        # space only; pages are touched as the output fills them.
+        buffer = np.empty(max_bytes + 1, dtype=np.uint8)
         try:
-            return bytes(_rust_bz2.decompress(data))
+            size = _rust_bz2.decompress_into(data, buffer)
         except _RustBz2Error as exc:
+            if "write whole buffer" in str(exc):
+                raise _too_large(name, offset, max_bytes) from None
             raise DumpError(
                 f"{name}: corrupt or cut-short bz2 stream at byte {offset:,} ({exc}); download the dump again"
             ) from exc
+        if size > max_bytes:
+            raise _too_large(name, offset, max_bytes)
+        return buffer[:size].tobytes()
     out: list[bytes] = []
+    total = 0
     while data:
         decompressor = bz2.BZ2Decompressor()
         try:
-            out.append(decompressor.decompress(data))
+            out.append(decompressor.decompress(data, max_length=max_bytes - total + 1))
         except OSError as exc:
             raise DumpError(f"{name}: corrupt bz2 stream at byte {offset:,} ({exc}); download the dump again") from exc
+        total += len(out[-1])
+        if total > max_bytes:
+            raise _too_large(name, offset, max_bytes)
         if not decompressor.eof:
             raise DumpError(
                 f"{name}: the bz2 stream at byte {offset:,} is cut short (truncated download?); download the dump again"
             )
         data = decompressor.unused_data
     return b"".join(out)
+
+
+def _too_large(name: str, offset: int, max_bytes: int) -> PageTooLargeError:
+    return PageTooLargeError(
+        f"{name}: the bz2 stream at byte {offset:,} decompresses to more than the cap of {max_bytes:,} bytes "
+        "(max_page_bytes); the dump is corrupt or hostile, or raise the cap for pages that large"
+    )
 
 
 def _preview(ids: Sequence[int]) -> str:

@@ -109,3 +109,30 @@ def test_an_io_task_retries_a_transport_error_and_never_a_programming_error(pref
     with pytest.raises(error):
         run_it(kind)
     assert ATTEMPTS == [kind] * attempts  # io_task: 2 retries
+
+
+# -- decompressed page size ------------------------------------------------------------------------------------
+def test_ingest_refuses_a_bz2_bomb_past_the_default_page_cap_in_one_line(prefect_server: str, home: Path,
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """3 KB of dump whose third page claims 272 MiB: `wikirag ingest` stops at MAX_PAGE_BYTES, exit 2, one line
+    naming the dump, the stream's byte and the cap, and nothing is published."""
+    from flows.cli import main
+    from rag_core.wiki.dumps import MAX_PAGE_BYTES
+    from tests.rag_core.wiki.test_page_cap import BLOCK, write_bomb_dump
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    monkeypatch.setenv("PREFECT_HOME", str(home / "prefect"))
+    dump, index, offset = write_bomb_dump(tmp_path, blocks=MAX_PAGE_BYTES // BLOCK + 1)
+    store = tmp_path / "store"
+    code = main(["ingest", str(dump), "--index", str(index), "--store", str(store), "--workers", "1"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err[-3000:]
+    [line] = [line for line in err.splitlines() if line.startswith("wikirag: error:")]
+    assert line == (f"wikirag: error: {dump.name}: the bz2 stream at byte {offset:,} decompresses to more than the "
+                    f"cap of {MAX_PAGE_BYTES:,} bytes (max_page_bytes); the dump is corrupt or hostile, or raise the "
+                    "cap for pages that large")
+    assert err.rstrip().endswith(line)
+    published = [p for p in store.rglob("*") if p.is_file() and "_staging" not in p.parts and "_reports" not in p.parts]
+    assert published == []
