@@ -166,7 +166,6 @@ def warm_encoder(embed: EmbedConfig) -> None:
 
 def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConfig, IndexConfig, GateConfig]) -> str:
     from flows.prefect_api import prefect_api
-    from rag_core.index.versions import read_index_manifest
 
     ingest, embed, index, gate = configs
     log.info("rebuilding the index of %s in %s (encoder %s, factory %s)", ingest.dump, settings.store_url,
@@ -184,12 +183,33 @@ def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConf
         runner = dask_runner(settings.dask_address, settings.workers)
         version = index_rebuild.with_options(task_runner=runner)(
             ingest_config=ingest, store=settings.store_access(), embed=embed, index=index, gate=gate)
-    manifest = read_index_manifest(settings.open_store(), version)
+    report_published(settings, version)
+    return str(version)
+
+
+def report_published(settings: Settings, version: str) -> None:
+    """Log what the rebuild published and where LATEST stands.
+
+    From what publishing returned (:class:`~rag_core.index.versions.PublishedVersion`): a store that fails right
+    after LATEST moved leaves the version published, and the run must say so, not fail. A rerun that found LATEST
+    already up to date returns its name only; its summary is read from the store, and a store failing then is a
+    warning, not a failure: the version is published either way.
+    """
+    from rag_core.index.versions import PublishedVersion, latest_version, read_index_manifest
+
+    if isinstance(version, PublishedVersion):
+        manifest, latest = version.manifest, version.latest
+    else:
+        try:
+            store = settings.open_store()
+            manifest, latest = read_index_manifest(store, version), latest_version(store)
+        except WikiragError as exc:
+            log.warning("index %s is published; its summary could not be read: %s", version, exc)
+            return
     recall = next((v for k, v in manifest.gates.items() if k.startswith("recall:")), None)
-    log.info("published index %s: %s passages in %d shards, %s, recall@10 %s; LATEST points at it",
-             version, f"{manifest.count:,}", len(manifest.shards), manifest.factory,
-             "n/a" if recall is None else f"{recall:.3f}")
-    return version
+    where = "LATEST points at it" if latest == version else f"LATEST stays on {latest} (newer)"
+    log.info("published index %s: %s passages in %d shards, %s, recall@10 %s; %s", version, f"{manifest.count:,}",
+             len(manifest.shards), manifest.factory, "n/a" if recall is None else f"{recall:.3f}", where)
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:

@@ -30,6 +30,7 @@ from rag_core.index.build import (
 )
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.versions import PublishedVersion
 from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from tasks.ingest import io_task
@@ -104,9 +105,12 @@ def build_index_shard(store: Store, plan: IndexPlan, shard_id: int) -> BuiltShar
 
 
 @io_task
-def publish_index(store: Store, plan: IndexPlan, built: list[BuiltShard], gates: dict[str, Any]) -> str:
-    """Write the manifest (the version becomes visible), then move LATEST to it."""
-    return publish_plan(store, plan, built, gates)
+def publish_index(store: Store, plan: IndexPlan, built: list[BuiltShard], gates: dict[str, Any]) -> PublishedVersion:
+    """Write the manifest (the version becomes visible), then move LATEST to it unless it names a newer version."""
+    published = publish_plan(store, plan, built, gates)
+    if published.latest != published:
+        get_run_logger().info("published %s; LATEST stays on %s (newer)", published, published.latest)
+    return published
 
 
 @task

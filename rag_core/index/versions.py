@@ -10,7 +10,8 @@ row order is already stored beside the index). Layout under ``<store>/indexes/``
     <version>/plan.json                  what a build is making (while unpublished; cleanup reads it)
     <version>/manifest.json              written last: the version exists once it does
     <version>/pins/<name>.json           one object per holder (e.g. a registered model)
-    LATEST                               {"version", "manifest_sha256"}; moved only after the manifest exists
+    LATEST                               {"version", "manifest_sha256"}; moved only after the manifest exists,
+                                         and only forward (rag_core.index.latest)
 
 Versions are immutable: nothing a published version reads (its manifest names
 every file, embedding files included, with their sha256) is rewritten, and
@@ -18,7 +19,10 @@ every file, embedding files included, with their sha256) is rewritten, and
 references it. A pinned version, or the one LATEST points at, is not deleted.
 
 Versions are ``20261130T114501.123Z-1a2b3c4d`` (UTC time to the millisecond,
-then random hex): they sort by creation time and do not collide.
+then random hex): they sort by creation time and do not collide. That time,
+given when a build is planned, is the manifest's ``created_at``: LATEST moves
+only to a version created after the one it names, so a build that started
+earlier and finished later does not move it back.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ LATEST = "LATEST"
 PLAN = "plan.json"
 PINS_DIR = "pins"
 _VERSION_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+_VERSION_TIME = re.compile(r"^(\d{8}T\d{6})\.(\d{3})Z-[0-9a-f]+$")
 
 
 class IndexVersionError(WikiragError):
@@ -83,10 +88,36 @@ class ShardPayload:
         return cls(bytes(index_bytes), passages, dict(rest[0]) if rest and rest[0] else {})
 
 
+class PublishedVersion(str):
+    """A published version's name that carries what publishing did, so that the caller can report it without
+    reading the store again: ``manifest``, as written, and ``latest``, the version LATEST named when publishing
+    returned (this one, or a newer one that LATEST stays on)."""
+
+    manifest: IndexManifest
+    latest: str
+
+    def __new__(cls, manifest: IndexManifest, latest: str) -> PublishedVersion:
+        version = super().__new__(cls, manifest.version)
+        version.manifest, version.latest = manifest, latest
+        return version
+
+    def __reduce__(self) -> tuple[type[PublishedVersion], tuple[IndexManifest, str]]:
+        return PublishedVersion, (self.manifest, self.latest)
+
+
 def new_version_id(now: dt.datetime | None = None) -> str:
     """``YYYYMMDDTHHMMSS.mmmZ-xxxxxxxx``: sorts by UTC creation time (to the millisecond); the hex keeps it unique."""
     now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(4)}"
+
+
+def version_created_at(version: str) -> dt.datetime | None:
+    """The UTC time a :func:`new_version_id` name carries; None for a name of another shape."""
+    match = _VERSION_TIME.match(version)
+    if match is None:
+        return None
+    stamp = dt.datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC)
+    return stamp + dt.timedelta(milliseconds=int(match.group(2)))
 
 
 def check_name(version: str) -> str:
@@ -126,13 +157,15 @@ def write_shard(store: Store, version: str, shard: int, payload: ShardPayload | 
 def publish_manifest(
     store: Store, version: str, entries: Sequence[ShardEntry | Mapping[str, Any]], manifest_fields: Mapping[str, Any],
     *, now: dt.datetime | None = None,
-) -> str:
-    """Write ``manifest.json`` (making the version visible), then move LATEST to it.
+) -> PublishedVersion:
+    """Write ``manifest.json`` (making the version visible), then move LATEST to it unless it names a newer version.
 
     ``manifest_fields`` must hold ``dim``, ``metric`` and ``factory``; the other
     fields of :class:`~rag_core.index.manifest.IndexManifest` (encoder
     fingerprint, passage set, gate results, ...) are optional. Every shard file
-    must already exist.
+    must already exist. ``created_at`` is ``now``, else the time in the
+    version's name (when its build was planned), else the time of publishing.
+    Returns the version with its manifest and where LATEST stands.
     """
     root = store.child(INDEXES_DIR, check_name(version))
     fields = dict(manifest_fields)
@@ -158,32 +191,30 @@ def publish_manifest(
             listed[folder] = set(store.list(folder))
         if name not in listed[folder]:
             raise IndexVersionError(f"{store.url_of(path)}: embedding file missing (deleted meanwhile?); rebuild")
-    created = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
+    created = (now or version_created_at(version) or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     manifest = IndexManifest(**fields, version=version, created_at=created, count=sum(e.count for e in shards),
                              shards=shards)
     root.write_json(manifest.as_dict(), MANIFEST)
-    move_latest(store, version)
-    return version
+    # Nothing is read after LATEST moved: a store failing then leaves the version published, and says so.
+    return PublishedVersion(manifest, move_latest(store, version))
 
 
 def publish_version(
     store: Store, shards: Sequence[ShardPayload | Sequence[Any]], manifest_fields: Mapping[str, Any],
     *, now: dt.datetime | None = None,
-) -> str:
-    """Publish shards as a new version in one process: shard files, manifest last, then LATEST."""
+) -> PublishedVersion:
+    """Publish shards as a new version in one process: shard files, manifest last, then LATEST (forward only)."""
     version = new_version_id(now)
     entries = [write_shard(store, version, i, shard) for i, shard in enumerate(shards)]
     return publish_manifest(store, version, entries, manifest_fields, now=now)
 
 
-def move_latest(store: Store, version: str) -> None:
-    """Point LATEST at a published version (one atomic write)."""
-    indexes = store.child(INDEXES_DIR)
-    if not indexes.exists(check_name(version), MANIFEST):
-        raise IndexVersionError(f"{indexes.url_of(version)}: no manifest; LATEST points at published versions only")
-    # The manifest's own checksum: a reader through LATEST detects a manifest edited after publishing.
-    manifest_sha256 = sha256_hex(indexes.read_bytes(version, MANIFEST))
-    indexes.write_json({"version": version, "manifest_sha256": manifest_sha256}, LATEST)
+def move_latest(store: Store, version: str, *, allow_backwards: bool = False) -> str:
+    """Point LATEST at a published version unless it names a newer one (``allow_backwards``: whatever it names);
+    returns the version LATEST names on return. See :func:`rag_core.index.latest.move_latest`."""
+    from rag_core.index.latest import move_latest as move  # the pointer's module builds on this one
+
+    return move(store, version, allow_backwards=allow_backwards)
 
 
 # -- reading ---------------------------------------------------------------------
@@ -205,12 +236,17 @@ def _latest_pointer(store: Store) -> dict[str, Any] | None:
     indexes = store.child(INDEXES_DIR)
     if not indexes.exists(LATEST):
         return None
+    return parse_pointer(indexes.read_bytes(LATEST), indexes.url_of(LATEST))
+
+
+def parse_pointer(data: bytes, where: str) -> dict[str, Any]:
+    """LATEST's bytes as ``{"version", "manifest_sha256"}``; else an error naming ``where`` (its URL) and the fix."""
     try:
-        pointer = json.loads(indexes.read_bytes(LATEST).decode("utf-8"))
+        pointer = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         pointer = None
     if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
-        raise IndexVersionError(f"{indexes.url_of(LATEST)}: not a LATEST pointer; point it at a version again "
+        raise IndexVersionError(f"{where}: not a LATEST pointer; point it at a version again "
                                 "(rebuild, or write {\"version\": \"...\"}) or delete the file")
     return pointer
 
