@@ -28,7 +28,6 @@ into ``<home>/services/tls`` (keys 0600).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -37,18 +36,18 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.error import HTTPError
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from flows.process_groups import stop_process_group
-from flows.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, S3Identity, ServiceCredentials, ServicesError,
-                                       TlsFiles, exec_seaweedfs, memory_file)
+from flows.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCredentials, ServicesError, TlsFiles,
+                                       exec_seaweedfs, memory_file)
+from flows.service_health import (bucket_ready, dask_workers_up, http_ok, mlflow_accepts, port_free, tcp_open,
+                                  workers_online)
 
 log = logging.getLogger("wikirag.services")
 
@@ -88,93 +87,6 @@ class Service:
     needs: str | None = None  # the service that must be healthy before this one starts
     startup_timeout: float = 90.0
     config: tuple[str, bytes] | None = field(default=None, repr=False)  # (flag, content): flag=/dev/fd/N, in memory
-
-
-# -- addresses and health ---------------------------------------------------------
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
-def _tcp_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _basic_auth(user_and_password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(user_and_password.encode()).decode()}
-
-
-def _bucket_ready(endpoint: str, owners: tuple[tuple[S3Identity, str], ...]) -> bool:
-    """Each bucket exists, created by the one identity allowed to use it."""
-    import s3fs
-
-    try:
-        for who, bucket in owners:
-            fs = s3fs.S3FileSystem(key=who.key, secret=who.secret, endpoint_url=endpoint, skip_instance_cache=True,
-                                   config_kwargs={"connect_timeout": 2, "read_timeout": 5,
-                                                  "retries": {"max_attempts": 1}})
-            if not fs.exists(bucket):
-                fs.mkdir(bucket)
-        return True
-    except Exception:  # not up yet: any error means "ask again"
-        return False
-
-
-def _workers_online(api_url: str, auth: str | None) -> bool:
-    headers = {"Content-Type": "application/json", **(_basic_auth(auth) if auth else {})}
-    request = urllib.request.Request(f"{api_url}/work_pools/{WORK_POOL}/workers/filter", data=b"{}",
-                                     headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=2) as resp:
-            return any(w.get("status") == "ONLINE" for w in json.load(resp))
-    except HTTPError as exc:
-        if exc.code == 401:
-            raise ServicesError(f"the Prefect server at {api_url} refuses PREFECT_API_AUTH_STRING: it runs with "
-                                "another; export that one, or `wikirag services down` and up again") from None
-        return False
-    except (OSError, ValueError):
-        return False
-
-
-def _mlflow_accepts(url: str, user: str, password: str, users_db: Path) -> bool:
-    """An authenticated read answers; a refused password is an error at once (the admin user exists already)."""
-    request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1",
-                                     headers=_basic_auth(f"{user}:{password}"))
-    try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return resp.status == 200
-    except HTTPError as exc:
-        if exc.code in (401, 403):
-            raise ServicesError(f"MLflow at {url} refuses MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD: its "
-                                f"users ({users_db}) were created with another password; export that one, or stop "
-                                "the services and delete that file to create the admin user anew") from None
-        return False
-    except OSError:
-        return False
-
-
-def _dask_workers_up(address: str, expected: int, tls: TlsFiles) -> bool:
-    try:
-        from distributed import Client
-
-        with Client(address, timeout=3, security=tls.security()) as client:
-            return len(client.scheduler_info(n_workers=-1)["workers"]) >= expected
-    except Exception:  # scheduler not reachable yet
-        return False
 
 
 # -- the plan ------------------------------------------------------------------------
@@ -244,7 +156,7 @@ def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, re
                        "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
                        "-s3.port.lance=0", *weed_args],
                 base, s3_url, [p + o for p in weed.values() for o in (0, _GRPC_OFFSET)],
-                lambda: _bucket_ready(s3_url, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))),
+                lambda: bucket_ready(s3_url, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))),
                 config=("-s3.config", creds.s3_identities())),
         Service("mlflow", [str(bindir / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
                            "--port", str(ports.mlflow_port), "--workers", "1",
@@ -256,30 +168,30 @@ def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, re
                  # signs the UI's CSRF tokens only; the server's workers share it through their environment
                  "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)},
                 mlflow_url, [ports.mlflow_port],
-                lambda: _mlflow_accepts(mlflow_url, creds.mlflow_user, creds.mlflow_password,
+                lambda: mlflow_accepts(mlflow_url, creds.mlflow_user, creds.mlflow_password,
                                         root / "mlflow-auth.db"), needs="s3"),
         Service("prefect", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                             "--port", str(ports.prefect_port)],
                 {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true",
                  "PREFECT_SERVER_API_AUTH_STRING": creds.prefect_auth}, api,
-                [ports.prefect_port], lambda: _http_ok(f"{api}/health")),
+                [ports.prefect_port], lambda: http_ok(f"{api}/health")),
         Service("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL,
                            "--type", "process", "--name", f"wikirag-{socket.gethostname()}"],
                 {**base, **client_exports(ports, home), **aws, **prefect_client, **mlflow_client,
                  "PREFECT_HOME": str(home / "prefect"), "WIKIRAG_REPO": str(repo)},
-                api, [], lambda: _workers_online(api, creds.prefect_auth), needs="prefect"),
+                api, [], lambda: workers_online(api, WORK_POOL, creds.prefect_auth), needs="prefect"),
         Service("dask", [str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(ports.dask_port),
                          "--protocol", "tls", *tls.cli_args(),
                          "--dashboard-address", f"127.0.0.1:{ports.dask_dashboard_port}"],
                 {**base, **encrypted}, dask, [ports.dask_port, ports.dask_dashboard_port],
-                lambda: _dask_workers_up(dask, 0, tls)),
+                lambda: dask_workers_up(dask, 0, tls)),
         Service("dask-workers", [str(bindir / "dask"), "worker", dask, "--host", "127.0.0.1", "--protocol", "tls",
                                  *tls.cli_args(), "--nworkers", str(ports.dask_workers), "--nthreads", "1",
                                  "--dashboard-address", "127.0.0.1:0"],
                 {**without_dask_trim(base), **shared, **NANNY_ENVIRONMENT, **encrypted, **prefect_client,
                  "PREFECT_HOME": str(home / "prefect")},
                 dask, [],
-                lambda: _dask_workers_up(dask, ports.dask_workers, tls), needs="dask"),
+                lambda: dask_workers_up(dask, ports.dask_workers, tls), needs="dask"),
     ]
 
 
@@ -315,7 +227,7 @@ def _ours(record: dict) -> bool:
 
 
 def _launch(home: Path, service: Service) -> tuple[subprocess.Popen, dict]:
-    busy = [p for p in service.ports if not _port_free(p)]
+    busy = [p for p in service.ports if not port_free(p)]
     if busy:
         raise ServicesError(f"{service.name}: port {', '.join(map(str, busy))} on 127.0.0.1 is in use; stop what "
                             f"uses it or choose other ports (WIKIRAG_*_PORT, `wikirag services up --help`)")
@@ -410,14 +322,14 @@ def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
 def _probe(name: str, record: dict) -> bool:
     url = record["url"]
     if name == "s3":
-        return _tcp_open(record["ports"][0])
+        return tcp_open(record["ports"][0])
     if name in ("mlflow", "prefect"):
-        return _http_ok(f"{url}/health")
+        return http_ok(f"{url}/health")
     if name == "worker":  # without the Prefect password here, alive is all that can be said
         auth = os.environ.get("PREFECT_API_AUTH_STRING")
-        return _workers_online(url, auth) if auth else True
+        return workers_online(url, WORK_POOL, auth) if auth else True
     if name == "dask":
-        return _tcp_open(int(url.rsplit(":", 1)[1]))
+        return tcp_open(int(url.rsplit(":", 1)[1]))
     return True  # dask-workers: alive is all a process group can say without a client
 
 
@@ -474,7 +386,7 @@ def _export_lines(ports: ServicePorts, home: Path) -> str:
 def create_buckets(endpoint: str, creds: ServiceCredentials, timeout: float = 120.0) -> None:
     """The store's and MLflow's buckets, each by its own identity, once S3 answers (compose's and Kubernetes' init)."""
     deadline = time.monotonic() + timeout
-    while not _bucket_ready(endpoint, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))):
+    while not bucket_ready(endpoint, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))):
         if time.monotonic() > deadline:
             raise ServicesError(f"{endpoint}: S3 did not accept the credentials or create {STORE_BUCKET} and "
                                 f"{MLFLOW_BUCKET} within {timeout:.0f} s; check the store, AWS_ACCESS_KEY_ID/"
