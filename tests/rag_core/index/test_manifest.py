@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,3 +77,76 @@ def test_a_bad_latest_pointer_or_a_copied_manifest_is_a_clear_error(tmp_path: Pa
     (tmp_path / "indexes" / v2 / "manifest.json").write_bytes((tmp_path / "indexes" / v1 / "manifest.json").read_bytes())
     with pytest.raises(ManifestError, match=f"names version {v1}, its folder {v2}"):
         read_index_manifest(store, v2)
+
+
+@pytest.fixture(scope="module")
+def built(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A version built from 20 real passages by a tiny real BERT: its manifest names embedding files."""
+    from tests.encoderfiles import tiny_encoder
+    from tests.passagefiles import publish_small_index, sample_passages
+
+    root = tmp_path_factory.mktemp("built")
+    version = publish_small_index(Store(str(root / "store")), "d1", sample_passages().slice(0, 20),
+                                  tiny_encoder(root / "tiny"), shards=2)
+    return root / "store", version
+
+
+def _ref(manifest: dict, shard: int = 0) -> dict:
+    return manifest["shards"][shard]["embeddings"]
+
+
+def _other_write(path: str) -> str:
+    stem, write_id, ext = path.split(".", 2)
+    return f"{stem}.{'0' * 8 if write_id != '0' * 8 else '1' * 8}.{ext}"
+
+
+# what is edited in a built version's manifest -> the field the error names, and what it says
+PATH_EDITS = {
+    "vectors outside the store": (lambda m: _ref(m).update(vectors="../../victim.npy"), "shards.0.embeddings.vectors",
+                                  "'../../victim.npy' is not an embedding file of this store"),
+    "ids at an absolute path": (lambda m: _ref(m).update(ids="/etc/victim.ids.parquet"), "shards.0.embeddings.ids",
+                                "'/etc/victim.ids.parquet' is not an embedding file of this store"),
+    "a '.' name": (lambda m: _ref(m).update(vectors=_ref(m)["vectors"].replace("/d1/", "/d1/./")),
+                   "shards.0.embeddings.vectors", "is not an embedding file of this store"),
+    "vectors named as ids": (lambda m: _ref(m).update(vectors=_ref(m)["ids"]), "shards.0.embeddings.vectors",
+                             r"is not an embedding file of this store \(.*\.npy\)"),
+    "other rows": (lambda m: _ref(m).update(start=1), "shards.0.embeddings.vectors",
+                   "holds rows 0..10, this reference rows 1..10"),
+    "ids of another write": (lambda m: _ref(m).update(ids=_other_write(_ref(m)["ids"])), "shards.0.embeddings.ids",
+                             "is not the ids file of the range"),
+    "another passage set's folder": (lambda m: [_ref(m, s).update({k: _ref(m, s)[k].replace("/d1/", "/d2/")
+                                                                   for k in ("vectors", "ids")}) for s in (0, 1)],
+                                     "(top level)", "shard 0's embeddings .* are not in embeddings/[0-9a-f]{16}/d1/"),
+    "shard file outside the folder": (lambda m: m["shards"][0].update(url="../../victim.npy"), "shards.0.url",
+                                      "'../../victim.npy' is not shard 0's file in the version's folder"),
+    "another shard's file": (lambda m: m["shards"][0].update(ids_url="shard-00001.ids.parquet"), "shards.0.ids_url",
+                             "'shard-00001.ids.parquet' is not shard 0's file"),
+    "version with a '/'": (lambda m: m.update(version="../v"), "version", "String should match pattern"),
+    "dump_id '..'": (lambda m: m.update(dump_id=".."), "dump_id", "String should match pattern"),
+    "fingerprint_id with a '/'": (lambda m: m.update(fingerprint_id="../../../../x"), "fingerprint_id",
+                                  "String should match pattern"),
+}
+
+
+def test_a_built_manifest_names_its_files_in_the_shapes_the_validator_takes(built: tuple[Path, str]) -> None:
+    store, version = built
+    manifest = read_index_manifest(Store(str(store)), version)
+    assert sorted(p for e in manifest.shards for p in e.embeddings.paths()) == sorted(
+        p.relative_to(store).as_posix() for p in (store / "embeddings").rglob("rows-*") if not p.name.endswith(".json"))
+    assert [e.url for e in manifest.shards] == ["shard-00000.faiss", "shard-00001.faiss"]
+
+
+@pytest.mark.parametrize("edit", list(PATH_EDITS))
+def test_a_path_the_builder_does_not_write_is_refused_naming_the_file_and_field(built: tuple[Path, str],
+                                                                                tmp_path: Path, edit: str) -> None:
+    change, field, message = PATH_EDITS[edit]
+    store = tmp_path / "store"
+    shutil.copytree(built[0], store)
+    path = store / "indexes" / built[1] / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    reason = message if message.startswith("String should") else f"Value error, ('[^']*' )?{message}"
+    with pytest.raises(ManifestError, match=rf"^{re.escape(str(path))}: field '{re.escape(field)}': {reason}") as err:
+        read_index_manifest(Store(str(store)), built[1])
+    assert "\n" not in str(err.value) and str(err.value).endswith("the file is damaged or was not written by wikirag")
