@@ -52,6 +52,28 @@ from rag_core.model.retriever import (
 from rag_core.storage import Store
 
 _COLUMNS = ("passage_id", "title", "text")
+# Waits on workers end here, with one line, instead of hanging on a stuck or lost worker: loading reads each
+# shard from the store (gigabytes for a large version); a search is one batch of questions on every shard.
+LOAD_TIMEOUT_S = 3600.0
+SEARCH_TIMEOUT_S = 600.0
+
+
+class DaskWaitTimeoutError(WikiragError):
+    """Dask tasks of one stage were not done within that stage's limit."""
+
+
+def wait_within(futures: list[Future], stage: str, timeout_s: float, *, raise_with: str,
+                return_when: str = "ALL_COMPLETED") -> None:
+    """``distributed.wait`` (with the current client) bounded by ``timeout_s``; past it, one line naming ``stage``
+    and, in ``raise_with``, the setting that raises the limit."""
+    try:
+        wait(futures, timeout=timeout_s, return_when=return_when)
+    except TimeoutError as exc:  # distributed's TimeoutError is the built-in one
+        pending = sum(not f.done() for f in futures)
+        raise DaskWaitTimeoutError(
+            f"{stage}: {pending} of {len(futures)} Dask tasks not done after {timeout_s:g} s; check that the "
+            f"cluster's workers are alive and not overloaded (its dashboard), or raise {raise_with}"
+        ) from exc
 
 
 @dataclass
@@ -125,8 +147,10 @@ class DaskShardedIndex:
     records, per shard, the FAISS threads its last search ran with on its worker.
     """
 
-    def __init__(self, client: Client, manifest: dict[str, Any], shards: list[Future]) -> None:
+    def __init__(self, client: Client, manifest: dict[str, Any], shards: list[Future],
+                 search_timeout_s: float = SEARCH_TIMEOUT_S) -> None:
         self.client = client
+        self.search_timeout_s = search_timeout_s  # the longest wait for one search on every shard
         self.manifest = manifest
         self.metric = manifest["metric"]
         self.dim = int(manifest["dim"])
@@ -137,7 +161,8 @@ class DaskShardedIndex:
 
     @classmethod
     def load(cls, client: Client, store: Store, version: str | None = None, *, with_vectors: bool = False,
-             share: str | None = None) -> DaskShardedIndex:
+             share: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
+             search_timeout_s: float = SEARCH_TIMEOUT_S) -> DaskShardedIndex:
         """Load a published version (LATEST's when None) onto the workers, spread by size.
 
         Each worker reads and checks its shards itself: the store (url and
@@ -148,6 +173,8 @@ class DaskShardedIndex:
         ``share``: loads of the same version with the same name, from any
         client, hold one copy (the shard keys are equal and Dask runs a key
         once; the copy lives while one of them holds it); None = a copy of its own.
+        Shards not loaded within ``load_timeout_s`` raise :class:`DaskWaitTimeoutError` (and are freed);
+        ``search_timeout_s`` bounds each later search the same way.
         """
         manifest = read_manifest(store, version)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
@@ -162,10 +189,11 @@ class DaskShardedIndex:
                           key=f"wikirag-shard-{manifest['version']}-{entry['shard']:05d}-{tag}")
             for entry in manifest["shards"]
         ]
-        index = cls(client, manifest, shards)
+        index = cls(client, manifest, shards, search_timeout_s)
         try:
             with client.as_current():  # wait() uses the current client; this one need not be the default
-                wait(shards)
+                wait_within(shards, f"loading index version {manifest['version']} onto the Dask workers",
+                            load_timeout_s, raise_with="DaskShardedIndex.load(load_timeout_s=...)")
             for future in shards:  # the first failed shard, by number, raises its own error
                 if future.status == "error":
                     future.result()
@@ -221,6 +249,9 @@ class DaskShardedIndex:
             for shard, holder, threads in zip(self.shards, holders, search_threads(holders, self._nthreads))
         ]
         try:
+            with self.client.as_current():
+                wait_within(tasks, f"searching index version {self.version} on the Dask workers",
+                            self.search_timeout_s, raise_with="DaskShardedIndex.search_timeout_s")
             results = self.client.gather(tasks)
         finally:
             self.client.cancel(tasks)

@@ -136,3 +136,29 @@ def test_ingest_refuses_a_bz2_bomb_past_the_default_page_cap_in_one_line(prefect
     assert err.rstrip().endswith(line)
     published = [p for p in store.rglob("*") if p.is_file() and "_staging" not in p.parts and "_reports" not in p.parts]
     assert published == []
+
+
+# -- Dask waits ------------------------------------------------------------------------------------------------
+def test_a_dask_wait_past_its_limit_is_one_line_naming_the_stage(published_index: PublishedIndex) -> None:
+    """The only worker thread sleeps: a wait on it, and an index load queued behind it, end at their limits."""
+    from distributed import Client, LocalCluster
+
+    from rag_core.storage import Store
+    from tasks.distributed_search import DaskShardedIndex, DaskWaitTimeoutError, wait_within
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,  # in-process: no ports
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        asleep = client.submit(time.sleep, 6, pure=False)
+        started = time.monotonic()
+        with pytest.raises(DaskWaitTimeoutError) as waited:
+            wait_within([asleep], "parsing shard 3", 0.5, raise_with="the stage's timeout")
+        assert str(waited.value) == ("parsing shard 3: 1 of 1 Dask tasks not done after 0.5 s; check that the "
+                                     "cluster's workers are alive and not overloaded (its dashboard), or raise the "
+                                     "stage's timeout")
+        with pytest.raises(DaskWaitTimeoutError) as loading:
+            DaskShardedIndex.load(client, Store(str(published_index.store)), load_timeout_s=1)
+        assert time.monotonic() - started < 5  # both ended before the sleep did
+        assert str(loading.value).startswith(f"loading index version {published_index.version} onto the Dask "
+                                             "workers: 2 of 2 Dask tasks not done after 1 s;")
+        assert str(loading.value).endswith("or raise DaskShardedIndex.load(load_timeout_s=...)")
+        assert not asleep.done()
