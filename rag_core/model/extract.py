@@ -1,0 +1,142 @@
+"""The short answer inside a generated reply: what a reader returns for a factual question.
+
+A small instruction-tuned generator often answers in a sentence that restates the question
+("The capital of Algeria is Algiers."), behind a lead-in ("The answer is: 1969"), or with a
+second sentence after the answer. :func:`short_answer` cuts the reply down to the answer span
+by rules that read only the reply and the question, in this order:
+
+1. the first sentence (a full stop, ! or ? followed by a capital letter; "St." and "U.S." stay);
+2. lead-ins: "The answer is", "Answer:", "According to the passage," and the like;
+3. a restated question at the front: the longest leading run of words that are all the
+   question's own words or function words, when it holds a copula ("The capital of Algeria
+   is") or two of the question's content words and ends in a preposition or a colon
+   ("Apollo 11 landed on the Moon in", "Alkane:");
+4. a restated question at the back: a trailing run of such words that holds two of the
+   question's content words ("[The Treaty of Paris] ended the American Revolutionary War");
+5. for a "who" question, the capitalised name after the last "by" ("a symphony by George Gershwin");
+6. a parenthesis, a clause after a comma (not a date's "16, 1969"), a final full stop, and quotes
+   around the whole answer.
+
+A word is the question's own when one is a prefix of the other and the shorter has 4 letters
+or more ("land" / "landed"), or when they are equal. A step that would leave nothing is skipped,
+so a reply that is all restatement comes back whole. A reply that is already short comes back as
+it is, apart from the lead-in and the final full stop: the function is idempotent.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]\"']{2})[.!?]\s+(?=[A-Z\"'(])")
+_LEAD_IN = re.compile(
+    r"^(?:(?:the\s+)?(?:correct\s+|final\s+|short\s+|right\s+)?answer\b(?:\s+(?:is|would\s+be|to\s+the\s+question\s+is)\b)?"
+    r"\s*[:\-]?\s*|(?:according\s+to|based\s+on)\s+the\s+(?:passage|text|context)\b\s*,?\s*|a\s*:\s*)", re.IGNORECASE)
+_PARENTHESIS = re.compile(r"\s*\([^()]*\)")
+_COMMA_CLAUSE = re.compile(r",\s+(?!\d)")
+_QUOTES = "\"“”'‘’"
+_WORD_EDGES = "\"'“”‘’.,;:!?()[]"
+COPULAS = frozenset("is was were are be been being has have had does did do 's".split())
+PREPOSITIONS = frozenset("of in on at by to from for with as into during than after before about".split())
+FUNCTION_WORDS = COPULAS | PREPOSITIONS | frozenset(
+    "the a an and or it its his her their this that these those which who whom whose what when where why how "
+    "not also known called named located situated".split())
+
+
+def _bare(word: str) -> str:
+    word = word.strip(_WORD_EDGES).lower()
+    return word[:-2] if word.endswith(("'s", "’s")) else word
+
+
+def _same(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    short, long_ = sorted((a, b), key=len)
+    return len(short) >= 4 and long_.startswith(short)
+
+
+class _Question:
+    """The question's content words, and which reply words restate it."""
+
+    def __init__(self, question: str) -> None:
+        self.words = {w for w in map(_bare, question.split()) if w and w not in FUNCTION_WORDS}
+        self.asks_who = bool(re.match(r"\s*(?:who|whom|by whom)\b", question, re.IGNORECASE))
+
+    def echoes(self, word: str) -> bool:
+        bare = _bare(word)
+        return any(_same(bare, w) for w in self.words)
+
+    def restates(self, word: str) -> bool:
+        return _bare(word) in FUNCTION_WORDS or self.echoes(word)
+
+
+def _strip_lead_in(text: str) -> str:
+    while True:
+        shorter = _LEAD_IN.sub("", text, count=1).strip()
+        if shorter == text or not shorter:
+            return text
+        text = shorter
+
+
+def _front(words: list[str], question: _Question) -> list[str]:
+    """``words`` without the longest restated-question prefix that qualifies (step 3)."""
+    best = 0
+    content = copula = 0
+    for i, word in enumerate(words[:-1]):
+        if not question.restates(word):
+            break
+        bare = _bare(word)
+        content += question.echoes(word) and bare not in FUNCTION_WORDS
+        copula += bare in COPULAS
+        ends_well = bare in PREPOSITIONS or bare in COPULAS or word.endswith(":")
+        if content and ends_well and (copula or content >= 2) or word.endswith(":") and content:
+            best = i + 1
+    return words[best:]
+
+
+def _back(words: list[str], question: _Question) -> list[str]:
+    """``words`` without a trailing restated-question run of two content words or more (step 4)."""
+    cut, content = len(words), 0
+    for i in range(len(words) - 1, 0, -1):
+        if not question.restates(words[i]):
+            break
+        content += question.echoes(words[i]) and _bare(words[i]) not in FUNCTION_WORDS
+        if content >= 2:
+            cut = i
+    if all(question.restates(word) for word in words[:cut]):  # the answer would go with the restatement
+        return words
+    return words[:cut]
+
+
+def _agent(words: list[str], question: _Question) -> list[str]:
+    """For a "who" question, the capitalised name after the last "by" ("a symphony by George Gershwin")."""
+    if not question.asks_who or "by" not in words[:-1]:
+        return words
+    start = len(words) - 1 - words[::-1].index("by") + 1
+    name = []
+    for word in words[start:]:
+        if not word[:1].isupper():
+            break
+        name.append(word)
+        if word[-1:] in ",;:":
+            break
+    return name or words
+
+
+def short_answer(reply: str, question: str) -> str:
+    """The answer span of ``reply`` to ``question`` (module docstring); the stripped reply when no rule applies."""
+    text = " ".join(reply.split())
+    if not text:
+        return text
+    text = _SENTENCE_END.split(text, maxsplit=1)[0]
+    text = _strip_lead_in(text)
+    q = _Question(question)
+    words = text.split()
+    words = _front(words, q) or words
+    words = _back(words, q) or words
+    text = " ".join(_agent(words, q))
+    text = _PARENTHESIS.sub("", text).strip() or text
+    text = _COMMA_CLAUSE.split(text, maxsplit=1)[0].strip() or text
+    text = text.rstrip(".;:, ").strip()
+    if len(text) > 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
+        text = text[1:-1].strip()
+    return text or " ".join(reply.split())

@@ -1,0 +1,63 @@
+"""The reader's answer extraction (rag_core.model.extract.short_answer) on hand-worked replies.
+
+Each case is a reply a small instruction-tuned generator gave (or gives in that shape) and the span a
+person marking a quiz would accept, worked out by hand from the rules in the module's docstring.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rag_core.model.extract import short_answer
+
+CASES = [
+    # a sentence that restates the question around a copula
+    ("The capital of Algeria is Algiers.", "What is the capital of Algeria?", "Algiers"),
+    ("The film director Allan Dwan was born in Canada.", "In which country was the film director Allan Dwan born?",
+     "Canada"),
+    ("The Articles of Confederation were ratified in 1781.",
+     "In what year were the Articles of Confederation ratified?", "1781"),
+    ("Achilles was killed by the hero Paris.", "Who killed Achilles?", "the hero Paris"),
+    # the question's verb inflected ("land" / "landed"), no copula: two content words and a preposition
+    ("Apollo 11 landed on the Moon in 1969.", "In what year did Apollo 11 land on the Moon?", "1969"),
+    # lead-ins, and a second sentence after the answer
+    ("The answer is: 1969", "In what year did Apollo 11 land on the Moon?", "1969"),
+    ("The answer is 1969. Apollo 11 was the first crewed landing.", "In what year did Apollo 11 land on the Moon?",
+     "1969"),
+    ("Answer: Aristotle", "Who was the teacher of Alexander the Great?", "Aristotle"),
+    ("According to the passage, the capital is Kabul.", "What is the capital of Afghanistan?", "Kabul"),
+    # the restatement at the back, then the parenthesis
+    ("The Treaty of Paris (1783) ended the American Revolutionary War.",
+     "Which treaty ended the American Revolutionary War?", "The Treaty of Paris"),
+    # a label that restates the question, then a colon
+    ("Alkali metal: lithium.", "Which alkali metal is the lightest?", "lithium"),
+    # a "who" question answered with "... by Name"
+    ("An American in Paris is a jazz-influenced symphony by George Gershwin.",
+     "Who composed An American in Paris?", "George Gershwin"),
+    # a clause after a comma goes, a date's comma stays
+    ("Saint Petersburg, Russia", "In which city was Ayn Rand born?", "Saint Petersburg"),
+    ("July 16, 1969, in the Moon's orbit.", "When did Apollo 11 land on the Moon?", "July 16, 1969"),
+    # short answers stay as they are: abbreviations, quotes around the whole, words that start like a lead-in
+    ("Algiers", "What is the capital of Algeria?", "Algiers"),
+    ("St. Petersburg", "In which city was Ayn Rand born?", "St. Petersburg"),
+    ('"The Fountainhead"', "Which novel did Ayn Rand publish in 1943?", "The Fountainhead"),
+    ("Answers in Genesis", "Which ministry did Ken Ham found?", "Answers in Genesis"),
+    # all restatement: nothing would be left, so the reply comes back whole
+    ("An American in Paris", "Who composed An American in Paris?", "An American in Paris"),
+    # the answer is the subject and only the question's words follow: the subject stays
+    ("Paris killed Achilles.", "Who killed Achilles?", "Paris"),
+    # an answer whose first word is the question's is not cut at a preposition without a copula
+    ("The Treaty of Paris", "Which treaty ended the American Revolutionary War?", "The Treaty of Paris"),
+    ("", "Who killed Achilles?", ""),
+]
+
+
+@pytest.mark.parametrize(("reply", "question", "expected"), CASES, ids=[c[0][:40] or "empty" for c in CASES])
+def test_short_answer_is_the_span_a_marker_would_accept(reply: str, question: str, expected: str) -> None:
+    assert short_answer(reply, question) == expected
+
+
+@pytest.mark.parametrize(("reply", "question", "expected"), CASES, ids=[c[0][:40] or "empty" for c in CASES])
+def test_short_answer_is_idempotent(reply: str, question: str, expected: str) -> None:
+    once = short_answer(reply, question)
+    assert short_answer(once, question) == once
