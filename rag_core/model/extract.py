@@ -14,7 +14,9 @@ by rules that read only the reply and the question, in this order:
 4. a restated question at the back: a trailing run of such words that holds two of the
    question's content words ("[The Treaty of Paris] ended the American Revolutionary War");
 5. for a "who" question, the capitalised name after the last "by" ("a symphony by George Gershwin");
-6. a parenthesis, a clause after a comma (not a date's "16, 1969"), a final full stop, and quotes
+6. a parenthesis (its content, when all that is outside restates the question: "International Atomic
+   Time (TAI)"), a clause after a comma (not a date's "16, 1969"; for a "who" question, a name that
+   follows a description: "the founder of sociology, Auguste Comte"), a final full stop, and quotes
    around the whole answer.
 
 A word is the question's own when one is a prefix of the other and the shorter has 4 letters
@@ -122,6 +124,11 @@ def _agent(words: list[str], question: _Question) -> list[str]:
     return name or words
 
 
+def _is_name(text: str) -> bool:
+    words = text.rstrip(".").split()
+    return 1 <= len(words) <= 4 and all(word[:1].isupper() for word in words)
+
+
 def short_answer(reply: str, question: str) -> str:
     """The answer span of ``reply`` to ``question`` (module docstring); the stripped reply when no rule applies."""
     text = " ".join(reply.split())
@@ -134,8 +141,17 @@ def short_answer(reply: str, question: str) -> str:
     words = _front(words, q) or words
     words = _back(words, q) or words
     text = " ".join(_agent(words, q))
-    text = _PARENTHESIS.sub("", text).strip() or text
-    text = _COMMA_CLAUSE.split(text, maxsplit=1)[0].strip() or text
+    outside = _PARENTHESIS.sub("", text).strip()
+    inside = _PARENTHESIS.search(text)
+    if inside and outside and all(q.restates(word) for word in outside.split()):  # "International Atomic Time (TAI)"
+        text = _COMMA_CLAUSE.split(inside.group(0).strip(" ()"), maxsplit=1)[0]
+    else:
+        text = outside or text
+    pieces = [piece.strip() for piece in _COMMA_CLAUSE.split(text)]
+    if q.asks_who and len(pieces) > 1 and pieces[0][:1].islower() and _is_name(pieces[1]):
+        text = pieces[1]  # "the founder of sociology, Auguste Comte, ..."
+    else:
+        text = pieces[0] or text
     text = text.rstrip(".;:, ").strip()
     if len(text) > 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
         text = text[1:-1].strip()

@@ -37,6 +37,13 @@ CASES = [
     # a clause after a comma goes, a date's comma stays
     ("Saint Petersburg, Russia", "In which city was Ayn Rand born?", "Saint Petersburg"),
     ("July 16, 1969, in the Moon's orbit.", "When did Apollo 11 land on the Moon?", "July 16, 1969"),
+    # the parenthesis holds the answer when the rest restates the question
+    ("International Atomic Time (TAI)", "What is the abbreviation of International Atomic Time?", "TAI"),
+    # a "who" question: the name after a description and a comma
+    ("The word altruism was coined by the founder of sociology, Auguste Comte, but it was also used before.",
+     "Who coined the word altruism?", "Auguste Comte"),
+    ("The primary election was won by the incumbent Republican Governor, Kay Ivey.",
+     "who won the alabama governors race in the primary election", "Kay Ivey"),
     # short answers stay as they are: abbreviations, quotes around the whole, words that start like a lead-in
     ("Algiers", "What is the capital of Algeria?", "Algiers"),
     ("St. Petersburg", "In which city was Ayn Rand born?", "St. Petersburg"),
