@@ -46,6 +46,9 @@ from rag_core.errors import WikiragError
 log = logging.getLogger("wikirag.train")
 ROOT = Path(__file__).resolve().parents[1]  # the checkout that holds tasks/ and rag_core/
 TAIL_LINES = 40
+# A job still running after this is stuck (a hung collective, a rank waiting on a dead store), not slow: the
+# paper's fine-tunes take hours. It is stopped; its checkpoints stay on the store, so a rerun resumes.
+JOB_TIMEOUT_S = 24 * 3600.0
 
 
 class TrainingJobError(WikiragError):
@@ -204,14 +207,15 @@ def torchrun_command(config_file: Path, nproc: int, *, result_file: Path, store_
 
 def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None, run_id: str | None = None, *,
                     experiment: str | None = None, store_url: str | None = None, dask_address: str | None = None,
-                    env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
+                    env: Mapping[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> Any:
     """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.train_job`` on ``config`` and return its result.
 
     ``config``: a TrainConfig; ``env``: the job's whole environment (default: a copy of this process's),
     which must hold what Settings reads (WIKIRAG_STORE, AWS_*) unless ``store_url`` says where the
     store is; ``tracking_uri`` + ``run_id``: rank 0 logs into that existing run; ``dask_address``: every rank
     retrieves through the index held once by that Dask cluster (module docstring). The job runs in its own
-    process group, stopped when this process gets SIGTERM or dies; its output is logged here line by
+    process group, stopped when this process gets SIGTERM or dies, or when it runs past ``timeout`` seconds
+    (wall clock; :class:`TrainingJobError` then says so in one line); its output is logged here line by
     line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
     """
@@ -239,6 +243,13 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
         try:
             with _sigterm_stops(proc.pid):
                 code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_process_group(proc.pid, timeout=30.0)  # torchrun stops its ranks on SIGTERM
+            raise TrainingJobError(
+                f"training job for {config.output} ran past its limit of {timeout:g} s and was stopped (torchrun "
+                "and its ranks); its checkpoints are kept and a rerun resumes from the last; raise the limit with "
+                "launch_training(timeout=...) (default tasks.train_job.JOB_TIMEOUT_S)"
+            ) from None
         except BaseException:
             stop_process_group(proc.pid, timeout=30.0)
             raise

@@ -7,6 +7,7 @@ a real Prefect flow run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -15,13 +16,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from flows.process_groups import die_with_parent
 from flows.search import QUESTIONS_PER_BATCH
 from tests.flows.conftest import PublishedIndex
+from tests.rag_core.train.conftest import tiny  # noqa: F401 -- the recipe tests' small index, cloze files, BART
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -162,3 +166,53 @@ def test_a_dask_wait_past_its_limit_is_one_line_naming_the_stage(published_index
                                              "workers: 2 of 2 Dask tasks not done after 1 s;")
         assert str(loading.value).endswith("or raise DaskShardedIndex.load(load_timeout_s=...)")
         assert not asleep.done()
+
+
+# -- the training job ------------------------------------------------------------------------------------------
+def _job_processes(marker: str) -> list[int]:
+    """Live processes (torchrun and its ranks) whose environment carries ``marker``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("WIKIRAG_TEST_JOB") == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_training_job_past_its_limit_is_stopped_whole_and_reported_in_one_line(tiny: SimpleNamespace) -> None:
+    """A real 2-rank torchrun job asked for a million steps, with a limit of 8 s: torchrun and both ranks are
+    stopped, and the one line gives the limit and how to raise it."""
+    from tasks.train_job import TrainingJobError, launch_training
+    from tests.rag_core.train.test_recipe import make_config
+
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "WIKIRAG_TEST_JOB": marker, "OMP_NUM_THREADS": "1"}
+    config = make_config(tiny, "runs/past-its-limit", max_steps=1_000_000)
+    outcome: dict[str, BaseException] = {}
+
+    def launch() -> None:
+        try:
+            launch_training(config, 2, store_url=tiny.store.url, env=env, timeout=8)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the test's thread
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=launch)
+    thread.start()
+    most = 0
+    while thread.is_alive():
+        most = max(most, len(_job_processes(marker)))
+        time.sleep(0.2)
+    thread.join()
+    took = time.monotonic() - started
+    assert most >= 3  # torchrun and both ranks were running when the limit came
+    error = outcome["error"]
+    assert isinstance(error, TrainingJobError), error
+    assert str(error) == ("training job for runs/past-its-limit ran past its limit of 8 s and was stopped (torchrun "
+                          "and its ranks); its checkpoints are kept and a rerun resumes from the last; raise the "
+                          "limit with launch_training(timeout=...) (default tasks.train_job.JOB_TIMEOUT_S)")
+    assert _job_processes(marker) == []
+    assert took < 60
