@@ -42,6 +42,7 @@ from typing import Any
 
 from flows.process_groups import die_with_parent, stop_process_group  # the edge: as flows.settings below
 from rag_core.errors import WikiragError
+from tasks.train_ranks import RankWatch, killed_rank
 
 log = logging.getLogger("wikirag.train")
 ROOT = Path(__file__).resolve().parents[1]  # the checkout that holds tasks/ and rag_core/
@@ -238,10 +239,11 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
                                 text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
         log.info("training job started (pid %d, its own process group): %d process(es), output %s", proc.pid,
                  nproc, config.output)
-        reader = threading.Thread(target=_relay, args=(proc.stdout, tail, errors), daemon=True)
+        reports: list[str] = []  # torchrun's failure report: which rank died, by which signal
+        reader = threading.Thread(target=_relay, args=(proc.stdout, tail, errors, reports), daemon=True)
         reader.start()
         try:
-            with _sigterm_stops(proc.pid):
+            with _sigterm_stops(proc.pid), RankWatch(proc.pid) as ranks:
                 code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_process_group(proc.pid, timeout=30.0)  # torchrun stops its ranks on SIGTERM
@@ -255,6 +257,10 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
             raise
         finally:
             reader.join(timeout=10)
+        if ranks.peaks:
+            log.info("peak RSS per rank: %s", ranks.peak_line())
+        if code != 0 and (killed := killed_rank(reports)) is not None:
+            raise TrainingJobError(f"training job for {config.output} failed: {ranks.kill_line(killed)}")
         if code != 0 or not result_file.exists():
             lines = "\n".join(tail)
             reason = errors[-1].split("wikirag: error:", 1)[1].strip() if errors else f"exit status {code}"
@@ -263,12 +269,14 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
         return TrainResult.model_validate(json.loads(result_file.read_text()))
 
 
-def _relay(stream: Any, tail: collections.deque, errors: list[str]) -> None:
+def _relay(stream: Any, tail: collections.deque, errors: list[str], reports: list[str]) -> None:
     for line in stream:
         line = line.rstrip("\n")
         tail.append(line)
         if "wikirag: error:" in line:
             errors.append(line)
+        if reports or "Root Cause" in line:  # torchrun's report of the first failed rank: to the end
+            reports.append(line)
         log.info("%s", line)
 
 

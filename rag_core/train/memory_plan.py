@@ -1,0 +1,146 @@
+"""What one training rank will hold in memory, estimated before any rank starts, and the check against the machine.
+
+    plan = plan_memory(config, manifest, generator_dir, encoder_dir)  # bytes per rank, by part
+    check_fits(plan, nproc, available_bytes)  # raises TrainingMemoryError in one line when they do not fit
+
+The parts (each rank holds its own copy of every one):
+
+- **runtime**: Python, torch, transformers and FAISS loaded, the tokenizers, the gloo group;
+- **weights**: both towers in float32 (training keeps float32 weights; bf16 is autocast only), counted from the
+  safetensors headers without loading a tensor;
+- **optimizer**: gradient, Adam's m and v for every trained parameter (12 bytes each), and under bf16 autocast
+  the bf16 copy of each trained weight that autocast caches for a forward;
+- **activations**: what the backward pass keeps for one micro-batch (``micro`` examples x ``n_docs`` prompt
+  rows of about :data:`ROW_TOKENS` tokens): with activation checkpointing one ``hidden``-wide input per block and
+  token plus one block recomputed at a time, without it every trained block's intermediate tensors;
+- **index**: the FAISS shards, the stored float32 vectors and the passage columns of an index loaded in the rank
+  (none when a Dask cluster holds the index for all ranks).
+
+The constants were fitted to peak RSS measured on SmolLM2-135M-Instruct and the sample index
+(bench/results/train-memory.md); the estimate is meant to be within about 25% of that, on the high side.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag_core.errors import WikiragError
+
+GB = 1e9
+RUNTIME_BYTES = 0.9e9  # measured: a rank's RSS after imports, the tokenizers and the process group
+ROW_TOKENS = {"decoder-only": 256, "seq2seq": None}  # decoder-only: system + passage + question + answer tokens
+PASSAGE_COLUMN_BYTES = 700  # ids, titles, texts per passage (Arrow), measured on the sample
+_BLOCK = re.compile(r"\.(?:layers|h|block)\.(\d+)\.")
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1}
+
+
+class TrainingMemoryError(WikiragError):
+    """The planned training ranks would not fit in the machine's available memory."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Estimated bytes one rank holds at its peak, by part (module docstring)."""
+
+    runtime: float
+    weights: float
+    optimizer: float
+    activations: float
+    index: float
+    parameters: int  # both towers
+    trained: int  # parameters with a gradient
+
+    @property
+    def per_rank(self) -> float:
+        return self.runtime + self.weights + self.optimizer + self.activations + self.index
+
+    def parts(self) -> str:
+        return ", ".join(f"{name} {value / GB:.1f}" for name, value in (
+            ("runtime", self.runtime), ("weights", self.weights), ("optimizer", self.optimizer),
+            ("activations", self.activations), ("index", self.index)))
+
+
+def tensor_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
+    """``{name: (shape, dtype)}`` of every tensor in the folder's ``*.safetensors`` files (headers only)."""
+    shapes: dict[str, tuple[list[int], str]] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with file.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        shapes.update({name: (entry["shape"], entry["dtype"]) for name, entry in header.items()
+                       if name != "__metadata__"})
+    if not shapes:
+        raise TrainingMemoryError(f"{folder}: no *.safetensors weights to size the training job from; save the "
+                                  "model with save_pretrained(safe_serialization=True)")
+    return shapes
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def trained_count(shapes: dict[str, tuple[list[int], str]], last_blocks: int | None) -> int:
+    """Parameters trained when only the last ``last_blocks`` numbered blocks (and unnumbered norms) train."""
+    if last_blocks is None:
+        return sum(_numel(shape) for shape, _ in shapes.values())
+    blocks = [int(m.group(1)) for name in shapes if (m := _BLOCK.search(name))]
+    first = (max(blocks) + 1 - last_blocks) if blocks else 0
+    return sum(_numel(shape) for name, (shape, _) in shapes.items()
+               if ((m := _BLOCK.search(name)) and int(m.group(1)) >= first)
+               or (not m and "norm" in name and "embed" not in name))
+
+
+def activation_bytes(model_config: dict[str, Any], tokens: int, trained_blocks: int, checkpointing: bool) -> float:
+    """What the backward pass keeps for ``tokens`` tokens through the generator's blocks (float32)."""
+    hidden = model_config.get("hidden_size") or model_config.get("d_model") or 768
+    inner = model_config.get("intermediate_size") or model_config.get("decoder_ffn_dim") or 4 * hidden
+    block = 4.0 * tokens * (10 * hidden + 5 * inner)  # q/k/v/o, norms, residuals, the gated MLP's four widths
+    if checkpointing:
+        return 4.0 * tokens * hidden * trained_blocks + 2 * block  # stored inputs + one block and its gradients
+    return block * trained_blocks
+
+
+def plan_memory(config: Any, index_manifest: Any | None, generator_dir: Path, encoder_dir: Path, *,
+                world_size: int, precision: str) -> MemoryPlan:
+    """The estimate for one rank of ``world_size`` running ``config`` (a TrainConfig); ``index_manifest``: the
+    IndexManifest each rank loads, or None when a Dask cluster holds the index."""
+    from rag_core.train.recipe import micro_steps
+
+    generator, encoder = tensor_shapes(generator_dir), tensor_shapes(encoder_dir)
+    model_config = json.loads((generator_dir / "config.json").read_text())
+    parameters = sum(_numel(s) for s, _ in generator.values()) + sum(_numel(s) for s, _ in encoder.values())
+    trained = trained_count(generator, config.train_generator_layers) + trained_count(encoder, None)
+    optimizer = 12.0 * trained + (2.0 * trained if precision == "bfloat16" else 0.0)
+    layers = model_config.get("num_hidden_layers") or model_config.get("decoder_layers") or 1
+    trained_blocks = min(layers, config.train_generator_layers or layers)
+    micro = config.batch_size // (world_size * micro_steps(config, world_size))
+    decoder_only = not model_config.get("is_encoder_decoder", False)
+    row = ROW_TOKENS["decoder-only"] if decoder_only else config.max_context_length + config.max_answer_length
+    activations = activation_bytes(model_config, micro * config.n_docs * row, trained_blocks,
+                                   config.activation_checkpointing)
+    index = 0.0
+    if index_manifest is not None:
+        index = (sum(shard.bytes for shard in index_manifest.shards)
+                 + index_manifest.count * (4 * index_manifest.dim + PASSAGE_COLUMN_BYTES))
+    return MemoryPlan(runtime=RUNTIME_BYTES, weights=4.0 * parameters, optimizer=optimizer, activations=activations,
+                      index=index, parameters=parameters, trained=trained)
+
+
+def check_fits(plan: MemoryPlan, nproc: int, available: float) -> None:
+    """Raise :class:`TrainingMemoryError` (one line, with the numbers and the flags to lower) unless ``nproc``
+    ranks of ``plan`` fit in ``available`` bytes."""
+    need = nproc * plan.per_rank
+    if need > available:
+        raise TrainingMemoryError(
+            f"{nproc} training process(es) need about {nproc} x {plan.per_rank / GB:.1f} GB = {need / GB:.1f} GB "
+            f"({plan.parts()} GB each) but {available / GB:.1f} GB of memory is available; lower --nproc "
+            "or --n-docs, or train fewer generator blocks (--train-layers)")
