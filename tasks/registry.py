@@ -5,10 +5,11 @@ flavor (tasks/mlflow_flavor.py: the saved RAG model, its index binding and the s
 every file; loading runs the installed code only). The sha256 of its checksums.json is a tag
 of the logged model and of the registered version, outside the artifact store.
 
-The index version a model reads is pinned in the store (``mlflow:wikirag-<task>/<logged
-model id>``) before the version is registered: a failed pin leaves no registered version,
-and no registered version reads an index nobody holds. The version's ``index_pin`` tag names
-the pin.
+The index version a model reads is pinned in the store before the version is registered:
+first under the logged model's id (``mlflow:wikirag-<task>/m-<id>``: the version number does
+not exist yet), then, once registered, under ``mlflow:wikirag-<task>/<n>``, and the first pin
+goes. A failed pin leaves no registered version, and no registered version reads an index
+nobody holds; the version's ``index_pin`` tag names the pin that holds it.
 
 The promotion gate moves the alias ``champion`` to the new version only when
 its headline dev metric beats the current champion's by ``margin`` (or there
@@ -41,9 +42,10 @@ def model_name(task: str) -> str:
     return f"wikirag-{task}"
 
 
-def pin_name(name: str, model_id: str) -> str:
-    """Who holds an index version pinned for the versions of ``name`` registered from logged model ``model_id``."""
-    return f"mlflow:{name}/{model_id}"
+def pin_name(name: str, version: str | int) -> str:
+    """Who holds an index version pinned for version ``version`` of ``name`` (or, while it is being registered,
+    for the logged model ``m-<id>`` it is registered from)."""
+    return f"mlflow:{name}/{version}"
 
 
 @dataclass(frozen=True)
@@ -111,16 +113,21 @@ def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metri
     if not anchor:
         raise ModelArtifactError(f"{model_uri}: not a model logged by tasks.registry.log_rag_model (no "
                                  f"{CHECKSUMS_TAG} tag); log it with wikirag, then register the URI it returns")
-    pin = pin_name(name, model_id)
-    held = pin in version_pins(store, index_version)  # this logged model registered before: its pin stays
-    pin_version(store, index_version, pin, note=f"{model_uri}, being registered as {name}")
+    pending = pin_name(name, model_id)  # the version number does not exist yet
+    held = pending in version_pins(store, index_version)  # left by an earlier attempt a version may rely on
+    pin_version(store, index_version, pending, note=f"{model_uri}, being registered as {name}")
     try:
         with _tracking(tracking_uri):
-            version = mlflow.register_model(model_uri, name, tags={CHECKSUMS_TAG: anchor, "index_pin": pin}).version
+            version = mlflow.register_model(model_uri, name, tags={CHECKSUMS_TAG: anchor, "index_pin": pending}).version
     except BaseException:
-        if not held:  # nothing registered: the new pin would hold nothing
-            unpin_version(store, index_version, pin)
+        if not held:  # nothing registered: the pin would hold nothing
+            unpin_version(store, index_version, pending)
         raise
+    # the pin under the version's own name; should this fail, the pending pin (named by index_pin) still holds
+    pin_version(store, index_version, pin_name(name, version), note=f"registered model {name} version {version}")
+    client.set_model_version_tag(name, str(version), "index_pin", pin_name(name, version))
+    if not held:
+        unpin_version(store, index_version, pending)
     champion_version, champion_value = _champion(client, name)
     if champion_version is None or champion_value is None:
         alias, reason = CHAMPION, f"first {name} version with a {metric}: champion"

@@ -130,7 +130,8 @@ UNSAFE = re.compile(r"pickle\.loads?\(|torch\.load\(|trust_remote_code\s*=\s*Tru
 # What would follow a registered model's MLmodel to code: MLflow's generic loader (it imports whatever loader_module,
 # code folder or models-from-code file the MLmodel names) and models from code. Only wikirag's flavor module, the
 # entry point MLflow calls, may speak of them.
-MODEL_CODE = re.compile(r"pyfunc\.load_model|pyfunc import .*load_model|code_model|python_model\s*=|models\.set_model|PythonModel")
+MODEL_CODE = re.compile(r"pyfunc\.load_model|pyfunc import .*load_model|code_model|python_model\s*=|"
+                        r"models\.set_model|PythonModel")
 FLAVOR = REPO / "tasks" / "mlflow_flavor.py"
 
 
