@@ -457,9 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
 
-    from flows import ask, cli_train, models, services  # each command group registers its own subcommands
+    from flows import ask, cli_generated_qa, cli_train, models, services  # each group registers its subcommands
 
-    for module in (ask, cli_train, models, services):
+    for module in (ask, cli_generated_qa, cli_train, models, services):
         module.add_parser(sub)
     return parser
 

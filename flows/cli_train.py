@@ -32,7 +32,7 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
     """The flow's request for one task from the command line (the recipe keeps its defaults unless a flag is given)."""
     from flows.models import resolve_generator
 
-    if args.task != "cloze" and not (args.train and args.dev):
+    if args.task not in ("cloze", "generated-qa") and not (args.train and args.dev):
         raise WikiragError(f"--task {args.task} needs --train FILE and --dev FILE (only cloze draws its own questions "
                            "from the index)")
     recipe = {name: value for name, value in (("kind", args.kind), ("max_steps", args.max_steps),

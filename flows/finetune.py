@@ -22,6 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
+from flows.generated_qa import generated_qa_files
 from flows.settings import Settings, StoreAccess, quiet_environment
 from rag_core.train.cloze import ClozeConfig
 from rag_core.train.recipe import TrainConfig, trajectory_key
@@ -118,7 +119,9 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     (training is deterministic) unless ``force``."""
     log = get_run_logger()
     target = store.store()
-    if request.train is None:
+    if request.train is None and request.task == "generated-qa":  # the index's own, made once (flows/generated_qa.py)
+        train_url, dev_url = generated_qa_files(store, index_version)
+    elif request.train is None:
         if request.task != "cloze":
             raise ValueError(f"task {request.task} needs a train file; only cloze draws its own from the index")
         train_url, dev_url = cloze_files(target, index_version, request.cloze)

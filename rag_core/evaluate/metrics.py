@@ -42,8 +42,10 @@ HEADLINE: dict[str, str] = {
     "fever2": "accuracy",
     "kilt": "em",
     "cloze": "em",
+    "generated-qa": "em",
 }
-_EXTRACTIVE = frozenset({"nq", "triviaqa", "webquestions", "curatedtrec", "kilt", "cloze"})  # answers are in passages
+# answers are in passages
+_EXTRACTIVE = frozenset({"nq", "triviaqa", "webquestions", "curatedtrec", "kilt", "cloze", "generated-qa"})
 DEFAULT_KS = (1, 5, 10, 20)
 
 

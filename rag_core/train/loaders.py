@@ -226,6 +226,8 @@ TASK_KINDS: dict[str, TaskKind] = {
                          '[{"wikipedia_id", "title"}]}]} per line', _kilt),
         TaskKind("cloze", 'examples jsonl, one {"id": str, "input": str, "targets": [str, ...], "kind": "cloze"} '
                           "per line (rag_core.train.cloze writes it)", _examples("cloze")),
+        TaskKind("generated-qa", 'examples jsonl, kind "generated-qa" (rag_core.train.generated_qa_store writes it)',
+                 _examples("generated-qa")),
     )
 }
 

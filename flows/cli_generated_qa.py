@@ -1,0 +1,42 @@
+"""``wikirag generated-qa``: the generated-QA dataset of an index version, made (or found) and described."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from flows.settings import Settings
+
+log = logging.getLogger("wikirag")
+
+
+def cmd_generated_qa(args: argparse.Namespace, settings: Settings) -> int:
+    from flows.cli import import_flow, quiet_expected_tracebacks
+    from flows.prefect_api import prefect_api
+    from rag_core.train.generated_qa import GeneratedQAConfig
+
+    config = GeneratedQAConfig(**{k: v for k, v in (("shards", args.shards), ("top_k", args.top_k)) if v is not None})
+    held_out_files = [*args.dev, *args.test]
+    with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.generated_qa")):
+        from flows.generated_qa import generated_qa_on
+
+        quiet_expected_tracebacks()
+        outcome = generated_qa_on(settings, args.index, config, held_out_files)
+    log.info("%s generated QA of index %s: %s", "reused" if outcome.reused else "published", outcome.index_version,
+             outcome.url)
+    print(outcome.model_dump_json())
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generated-qa", help="question-answer pairs made from an index's own passages (rules, then a "
+                       "retrieval round trip), deduplicated against dev/test questions, gated and published once")
+    p.add_argument("--index", metavar="VERSION", help="index version (default: LATEST)")
+    p.add_argument("--dev", action="append", default=[], metavar="FILE", help="dev questions no pair may repeat "
+                   "(JSON lines or array with a question field, or CuratedTrec tsv); repeatable")
+    p.add_argument("--test", action="append", default=[], metavar="FILE", help="test questions, as --dev")
+    p.add_argument("--shards", type=int, help="passage shards mapped on Dask (default 4)")
+    p.add_argument("--top-k", type=int, help="round trip: a question must retrieve its passage in the top k "
+                   "(default 5)")
+    p.add_argument("--store", help="store URL (default <home>/store)")
+    p.set_defaults(func=cmd_generated_qa)
