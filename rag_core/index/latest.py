@@ -77,9 +77,10 @@ def _order(created_at: dt.datetime, version: str) -> tuple[dt.datetime, str]:
 
 
 def _created(indexes: Store, version: str) -> dt.datetime | None:
-    """``created_at`` of the version LATEST names; None when its manifest is gone or unreadable (any published
-    version is then better than it)."""
+    """``created_at`` of the version LATEST names; None when that is no version name, or its manifest is gone or
+    unreadable (any published version is then better than it)."""
     try:
+        check_name(version)
         return parse_manifest(indexes.read_bytes(version, MANIFEST), indexes.url_of(version, MANIFEST)).created_at
     except (FileNotFoundError, ManifestError, IndexVersionError):
         return None
@@ -169,7 +170,9 @@ class _S3Slot(_Slot):
 def _status(exc: BaseException) -> int | None:
     """The HTTP status behind an s3fs error (it wraps botocore's ClientError)."""
     seen: BaseException | None = exc
-    while seen is not None:
+    for _ in range(4):
+        if seen is None:
+            return None
         status = (getattr(seen, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
         if isinstance(status, int):
             return status

@@ -130,7 +130,8 @@ def test_a_summary_that_cannot_be_read_after_publishing_is_a_warning(
     url = f"s3://{s3_server.bucket}/summary-{tmp_path.name}"
     encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "tiny")), dtype="float32"))
     # The name alone, as the flow returns LATEST when it publishes nothing new.
-    version = str(publish_small_index(Store(url, s3_server.options()), "d1", sample_passages().slice(0, 20), encoder, 1))
+    published = publish_small_index(Store(url, s3_server.options()), "d1", sample_passages().slice(0, 20), encoder, 1)
+    version = str(published)
     log = logging.getLogger("wikirag")
     caplog.set_level(logging.INFO, logger="wikirag")
     log.addHandler(caplog.handler)  # the command's logger does not propagate

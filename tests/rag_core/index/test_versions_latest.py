@@ -7,6 +7,7 @@ publishing is the real ``publish_manifest``: the manifest, then the conditional 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from rag_core.index.versions import (
     LATEST,
+    IndexVersionError,
     PublishedVersion,
     latest_version,
     list_versions,
@@ -48,7 +50,8 @@ def planned(store: Store, seed: int) -> tuple[str, list]:
     vectors = np.random.default_rng(seed).standard_normal((12, FIELDS["dim"])).astype("float32")
     index = faiss.IndexFlatIP(FIELDS["dim"])
     index.add(vectors)
-    entry = write_shard(store, version, 0, (faiss.serialize_index(index).tobytes(), [f"p{seed}-{i}" for i in range(12)]))
+    passages = [f"p{seed}-{i}" for i in range(12)]
+    entry = write_shard(store, version, 0, (faiss.serialize_index(index).tobytes(), passages))
     return version, [entry]
 
 
@@ -119,17 +122,18 @@ def proxied(s3_server: S3Server, tmp_path) -> Iterator[tuple[Store, Store, objec
                Store(f"s3://{prefix}", s3_server.options()), proxy)
 
 
-@pytest.mark.parametrize("rival", ["newer", "older"])
+@pytest.mark.parametrize("rival", ["newer", "older", "ours"])
 def test_a_publisher_whose_compare_is_overtaken_compares_again(proxied, rival: str) -> None:
     """Between this publisher's compare and its write, a rival rewrites LATEST (for real, straight to SeaweedFS):
     the write, conditional on the ETag compared, is refused (412 from SeaweedFS); the publisher reads LATEST again
-    and moves it only when its version is still the newer one."""
+    and moves it only when its version is still the newer one. ``ours``: the very write landed already (as when
+    the answer to a first PUT is lost and botocore sends it again): the refusal is not an error."""
     through_proxy, direct, proxy = proxied
     (oldest, a), (older, b), (ours, shards), (newest, c) = (planned(direct, seed) for seed in range(4))
     for version, entries in ((oldest, a), (older, b), (newest, c)):
         publish_manifest(direct, version, entries, FIELDS)
     assert move_latest(direct, older, allow_backwards=True) == older  # ours compares newer than this
-    target = newest if rival == "newer" else oldest  # e.g. a newer build, or a delete moving LATEST back
+    target = {"newer": newest, "older": oldest, "ours": ours}[rival]  # a newer build, a delete moving LATEST back
     puts: list[str] = []
 
     def rival_writes_first(method: str, path: str) -> bool:
@@ -145,7 +149,7 @@ def test_a_publisher_whose_compare_is_overtaken_compares_again(proxied, rival: s
     expected = newest if rival == "newer" else ours
     assert (published, published.latest, latest_version(direct)) == (ours, expected, expected)
     # One refused write, then a new compare: a second write only when ours is still the newer version.
-    assert len(puts) == (1 if rival == "newer" else 2), puts
+    assert len(puts) == (2 if rival == "older" else 1), puts
 
 
 def test_a_forced_delete_of_the_latest_version_moves_latest_back_on_purpose(store: Store) -> None:
@@ -159,3 +163,18 @@ def test_a_forced_delete_of_the_latest_version_moves_latest_back_on_purpose(stor
     delete_version(store, newer, force=True)
     assert list_versions(store) == [older] and latest_version(store) == older
     assert read_index_manifest(store).version == older  # readers through LATEST get a whole version
+
+
+def test_a_latest_naming_no_version_is_replaced_and_a_damaged_one_is_one_line(store: Store) -> None:
+    """A LATEST someone pointed outside the store compares older than any published version (its 'manifest' is
+    never read); one that is not a pointer at all stops the move with one line naming the file and the fix."""
+    version, shards = planned(store, 1)
+    indexes = store.child("indexes")
+    indexes.write_json({"version": "../../../etc", "manifest_sha256": "0" * 64}, LATEST)
+    assert publish_manifest(store, version, shards, FIELDS).latest == version == latest_version(store)
+
+    indexes.write_bytes(b"\x00not json", LATEST)
+    with pytest.raises(IndexVersionError, match=rf"^{re.escape(indexes.url_of(LATEST))}: not a LATEST pointer; .* "
+                                                "or delete the file$"):
+        move_latest(store, version)
+    assert indexes.read_bytes(LATEST) == b"\x00not json"  # left for a person to look at
