@@ -92,6 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from rag_core.index.encoders import EncoderConfig, weights_sha256
+from rag_core.model.extract import short_answer
 from rag_core.model.generators import (
     GeneratorConfig,
     RagModelError,
@@ -126,6 +127,9 @@ class RagConfig(BaseModel):
     title_sep: str = Field(" / ", description="between a passage's title and its text")
     doc_sep: str = Field(" // ", description="between a passage and the question")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="epsilon of the paper's label smoothing")
+    short_answers: bool = Field(True, description="generate() returns each reply's answer span "
+                                                  "(rag_core.model.extract); False: the reply as generated "
+                                                  "(abstractive tasks: Jeopardy, MS-MARCO)")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
     device: str = Field("cpu", description="torch device for both towers")
@@ -315,7 +319,9 @@ class RagModel(nn.Module):
         ``questions`` may be a :class:`RetrievalBatch` already made (by :meth:`retrieve` or
         :meth:`closed_book`), or a :class:`SearchResult` (by :meth:`search`). RAG-Token: greedy (``num_beams=1``) or beam search over the marginal;
         RAG-Sequence: a beam search per document, candidates ranked by p(y|x), ``mode`` "thorough" or
-        "fast". ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
+        "fast". With ``config.short_answers`` each reply is cut to its answer span
+        (:func:`rag_core.model.extract.short_answer`: "The capital of Algeria is Algiers." -> "Algiers").
+        ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
         start token).
         """
         from rag_core.model import causal_decoding, decoding
@@ -346,6 +352,8 @@ class RagModel(nn.Module):
         finally:
             self.train(was_training)
         texts = self.generator_tokenizer.batch_decode(ids[:, 1:], skip_special_tokens=True)  # after the start token
+        if self.config.short_answers:
+            return [short_answer(text, question) for text, question in zip(texts, batch.questions, strict=True)]
         return [text.strip() for text in texts]
 
     # -- saving and loading --------------------------------------------------------------

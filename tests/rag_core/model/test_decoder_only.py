@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rag_core.model.causal_decoding import causal_sequence_generate, causal_token_generate
+from rag_core.model.extract import short_answer
 from rag_core.model.generators import IGNORE, GeneratorConfig
 from rag_core.model.rag_model import RagModel
 from tests.generatorfiles import save_tiny_llama
@@ -178,3 +179,14 @@ def test_generate_answers_each_question_and_saves_and_reloads(indexes: SimpleNam
     assert len(answers) == len(closed) == 3 and all(isinstance(a, str) for a in answers + closed)
     again = RagModel.from_pretrained(model.save_pretrained(tmp_path / "rag"), model.retriever)
     assert again.family.is_decoder_only and again.generate(QUESTIONS, max_new_tokens=4, num_beams=2) == answers
+
+
+def test_generate_returns_each_replys_answer_span(indexes: SimpleNamespace, llama_dir: Path) -> None:  # noqa: F811
+    # the cutting itself is checked on hand-worked replies in test_answer_extraction.py; here, that generate()
+    # applies it to what was decoded, and only when the config asks
+    model = llama_model(indexes, llama_dir, n_docs=2, short_answers=False)
+    batch = model.retrieve(QUESTIONS)
+    replies = model.generate(batch, max_new_tokens=12)
+    model.config = model.config.model_copy(update={"short_answers": True})
+    answers = model.generate(batch, max_new_tokens=12)
+    assert answers == [short_answer(reply, question) for reply, question in zip(replies, QUESTIONS, strict=True)]
