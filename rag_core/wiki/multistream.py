@@ -175,6 +175,12 @@ def iter_shard_pages(dump: DumpSource, shard: StreamShard, *, max_page_bytes: in
     with dump.open() as raw:
         for k, stream in enumerate(shard.streams):
             stream_end = shard.streams[k + 1].offset if k + 1 < len(shard.streams) else shard.end
+            if stream_end - stream.offset > max_compressed(max_page_bytes):  # refused before it is read
+                raise PageTooLargeError(
+                    f"{dump.name}: the bz2 stream at byte {stream.offset:,} is {stream_end - stream.offset:,} bytes "
+                    f"compressed, more than any stream within the cap of {max_page_bytes:,} bytes decompressed "
+                    "(max_page_bytes) can be; the index does not match this dump, or raise the cap"
+                )
             data = _read_exact(raw, stream.offset, stream_end, dump)
             if not data.startswith(BZ2_MAGIC):
                 raise DumpError(
@@ -195,6 +201,12 @@ def iter_shard_pages(dump: DumpSource, shard: StreamShard, *, max_page_bytes: in
     leftover = parser.close()
     if leftover:
         raise DumpError(f"{dump.name}: pages after the last indexed stream of shard {shard.shard_id}")
+
+
+def max_compressed(decompressed: int) -> int:
+    """The most bytes bz2 streams of ``decompressed`` bytes can take: bzip2 grows incompressible data by under
+    1%, plus a few hundred bytes of headers, for a few streams back to back."""
+    return decompressed + decompressed // 100 + 4096
 
 
 def _read_exact(raw, start: int, end: int, dump: DumpSource) -> bytes:

@@ -8,6 +8,7 @@ bz2) read a real bz2 file built here; the memory each uses is measured with trac
 from __future__ import annotations
 
 import bz2
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from rag_core.wiki import multistream
 from rag_core.wiki.dumps import DumpSource, PageTooLargeError, iter_pages
-from rag_core.wiki.multistream import iter_shard_pages, plan_shards, read_index
+from rag_core.wiki.multistream import iter_shard_pages, max_compressed, plan_shards, read_index
 from tests.conftest import SAMPLE_BZ2
 from tests.dumpfiles import page_xml
 
@@ -97,3 +98,20 @@ def test_a_real_dump_under_a_small_cap_loses_no_page(wiki: Path) -> None:
     largest = max(len(page_xml(p.page_id, p.title, p.text).encode()) for p in pages)
     assert largest < 1 << 20
     assert list(iter_pages(DumpSource(str(SAMPLE_BZ2)), max_page_bytes=largest + 4096)) == pages
+
+
+def test_a_stream_too_long_to_be_within_the_cap_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """An index whose one stream spans 2 MiB of incompressible bz2: over a 1-MiB cap whatever it holds."""
+    header = bz2.compress(f'<mediawiki xmlns="{NS}" version="0.10">\n<siteinfo></siteinfo>\n'.encode())
+    dump, index = tmp_path / "long-multistream.xml.bz2", tmp_path / "long-index.txt.bz2"
+    body = bz2.compress(os.urandom(2 << 20))
+    dump.write_bytes(header + body + bz2.compress(b"</mediawiki>\n"))
+    index.write_bytes(bz2.compress(f"{len(header)}:1:Long\n".encode()))
+    [shard] = plan_shards(read_index(DumpSource(str(index))), dump.stat().st_size, 1)
+    with pytest.raises(PageTooLargeError) as refused:
+        list(iter_shard_pages(DumpSource(str(dump)), shard, max_page_bytes=1 << 20))
+    assert _one_line(refused) == (
+        f"long-multistream.xml.bz2: the bz2 stream at byte {len(header):,} is {shard.end - len(header):,} bytes "
+        "compressed, more than any stream within the cap of 1,048,576 bytes decompressed (max_page_bytes) can be; "
+        "the index does not match this dump, or raise the cap")
+    assert max_compressed(1 << 20) < shard.end - len(header)
