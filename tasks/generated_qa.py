@@ -28,6 +28,7 @@ from rag_core.train.generated_qa_store import (
     dataset_folder,
     dataset_key,
     held_out,
+    index_search,
     publish_dataset,
     published_dataset,
 )
@@ -71,26 +72,6 @@ def plan_generated_qa(store: Store, index_version: str | None, config: Generated
                            n_passages=sum(p["rows"] for p in passages["parts"]), key=key, url=folder.url,
                            held_out_files=held_out_files, held_questions=sorted(held.questions),
                            held_answer_places=sorted(held.answer_places), manifest=published_dataset(folder))
-
-
-def index_search(store: Store, index_version: str) -> Any:
-    """A :data:`~rag_core.train.generated_qa.Search` over the version with its own question encoder."""
-    from rag_core.index.encoders import Encoder, EncoderConfig, check_compatible
-    from rag_core.index.manifest import IndexManifest
-    from rag_core.index.search import ShardedIndex
-
-    index = ShardedIndex.load(store, index_version)
-    manifest = IndexManifest.model_validate(index.manifest)
-    if manifest.encoder is None:
-        raise WikiragError(f"index {index_version} records no encoder; its questions cannot be searched")
-    encoder = Encoder.load(EncoderConfig(**(manifest.encoder_config or {})))
-    check_compatible(manifest.encoder, encoder.fingerprint)
-
-    def search(questions: list[str], k: int) -> list[list[tuple[str, str]]]:
-        hits = index.search(encoder.encode_questions(list(questions)), k)
-        return [[(h.passage_id, h.text or "") for h in found] for found in hits]
-
-    return search
 
 
 @task(retries=1, retry_delay_seconds=5)

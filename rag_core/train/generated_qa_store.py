@@ -28,7 +28,8 @@ import pyarrow as pa
 from rag_core.parquet_bytes import table_to_parquet
 from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance, TaskDataError, examples_jsonl
-from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, pair_examples
+from rag_core.model.retriever import RetrieverError
+from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, Search, pair_examples
 from rag_core.train.readers import json_array_records, jsonl_records, read_text, tsv_rows
 
 DATASET_DIR = ("tasks", KIND)
@@ -80,6 +81,27 @@ def held_out_examples(url: str, options: Mapping[str, Any] | None = None) -> lis
 def held_out(urls: Iterable[str], options: Mapping[str, Any] | None = None) -> HeldOut:
     """Every dev and test item of ``urls``, for :meth:`HeldOut.holds`."""
     return HeldOut.of(e for url in urls for e in held_out_examples(url, options))
+
+
+def index_search(store: Store, index_version: str) -> Search:
+    """A :data:`~rag_core.train.generated_qa.Search` over an index version with its own question encoder (the one
+    its manifest records, checked against its fingerprint)."""
+    from rag_core.index.encoders import Encoder, EncoderConfig, check_compatible
+    from rag_core.index.manifest import IndexManifest
+    from rag_core.index.search import ShardedIndex
+
+    index = ShardedIndex.load(store, index_version)
+    manifest = IndexManifest.model_validate(index.manifest)
+    if manifest.encoder is None:
+        raise RetrieverError(f"index {index_version} records no encoder; its questions cannot be searched")
+    encoder = Encoder.load(EncoderConfig(**(manifest.encoder_config or {})))
+    check_compatible(manifest.encoder, encoder.fingerprint)
+
+    def search(questions: Sequence[str], k: int) -> list[list[tuple[str, str]]]:
+        hits = index.search(encoder.encode_questions(list(questions)), k)
+        return [[(h.passage_id, h.text or "") for h in found] for found in hits]
+
+    return search
 
 
 def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:

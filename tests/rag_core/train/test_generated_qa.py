@@ -1,0 +1,170 @@
+"""Generated QA: the question rules on hand-worked sentences, spans on the real sample, the held-out filter,
+and the round trip through a real index (real MiniLM, real FAISS) of real sample passages."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rag_core.storage import Store
+from rag_core.train.generated_qa import (
+    GeneratedQAConfig,
+    HeldOut,
+    Search,
+    ShardPairs,
+    candidate_pairs,
+    merge_shards,
+    round_trip,
+    shard_pairs,
+    shard_rows,
+)
+from rag_core.train.generated_qa_store import held_out, held_out_examples, index_search
+from rag_core.train.question_rules import RULE_NAMES, questions
+from rag_core.wiki.ingest import read_passages
+from tests.passagefiles import sample_passages
+from tests.rag_core.train.generatedqafiles import publish_minilm_index
+
+# (sentence, rule, question, answer): each rule worked by hand on a sentence of the kind it is for.
+HAND_WORKED = [
+    ("Albert Einstein was born on 14 March 1879 in Ulm.", "born-when", "When was Albert Einstein born?",
+     "14 March 1879"),
+    ("Albert Einstein was born in Ulm, in the Kingdom of Württemberg.", "born-where",
+     "Where was Albert Einstein born?", "Ulm"),
+    ("Tarkovsky died on 29 December 1986.", "died-when", "When did Tarkovsky die?", "29 December 1986"),
+    ("Tarkovsky died in Paris on 29 December 1986.", "died-where", "Where did Tarkovsky die?", "Paris"),
+    ("The Mexican Anarchist Federation was established in 1945.", "made-when",
+     "When was the Mexican Anarchist Federation established?", "1945"),
+    ("Connes was awarded the Fields Medal in 1982.", "made-when", "When was Connes awarded the Fields Medal?", "1982"),
+    ("Hamlet was written by William Shakespeare.", "made-by", "Who wrote Hamlet?", "William Shakespeare"),
+    ("King George III issued a Proclamation of Rebellion in August 1775.", "who-did",
+     "Who issued a Proclamation of Rebellion in August 1775?", "King George III"),
+    ("Soviet Union invaded Afghanistan in December 1979.", "who-did", "What invaded Afghanistan in December 1979?",
+     "Soviet Union"),
+    ("The National Museum of Afghanistan is located in Kabul.", "located",
+     "Where is the National Museum of Afghanistan located?", "Kabul"),
+    ("Angola has a population of 24,383,301 inhabitants according to the census.", "measure",
+     "What is the population of Angola?", "24,383,301 inhabitants"),
+    ("Alabama has 67 counties.", "how-many", "How many counties does Alabama have?", "67"),
+    ("Aristotle was the teacher of Alexander.", "role-of", "Who was the teacher of Alexander?", "Aristotle"),
+    ("Algiers is the capital of Algeria.", "role-of", "What is the capital of Algeria?", "Algiers"),
+    ("The capital of Alabama is Montgomery.", "of-is", "What is the capital of Alabama?", "Montgomery"),
+]
+
+
+@pytest.mark.parametrize(("sentence", "rule", "question", "answer"), HAND_WORKED)
+def test_each_rule_makes_its_question_and_answer_span(sentence: str, rule: str, question: str, answer: str) -> None:
+    made = [q for q in questions(sentence) if q.rule == rule]
+    assert [(q.question, sentence[q.start:q.end]) for q in made] == [(question, answer)]
+
+
+def test_every_rule_has_a_hand_worked_case() -> None:
+    assert {case[1] for case in HAND_WORKED} == set(RULE_NAMES)
+
+
+@pytest.mark.parametrize("sentence", [
+    "He was born in 1950.",  # a pronoun: who?
+    "The city was founded in 1821.",  # no name: which city?
+    "In 1990 Tirana was founded.",  # a preposition opens the sentence: not a subject
+    "The journal is published by MDPI and was established in 2008.",  # a clause, not a noun phrase
+    "Algeria is the capital of Algeria.",  # the question would show its answer
+    "Lincoln was born in May 1809.",  # a month is no birthplace (born-when asks it)
+])
+def test_sentences_without_an_honest_question_give_none_or_only_the_right_rule(sentence: str) -> None:
+    made = list(questions(sentence))
+    assert all(q.rule == "born-when" for q in made)
+    assert not made or sentence.startswith("Lincoln")
+
+
+def test_spans_of_real_passages_are_inside_their_passage(wiki: Path) -> None:
+    passages = sample_passages()
+    texts = dict(zip(passages.column("passage_id").to_pylist(), passages.column("text").to_pylist(), strict=True))
+    pairs = candidate_pairs(passages, per_passage=3)
+    assert len(pairs) > 50 and len({p["rule"] for p in pairs}) >= 8
+    for pair in pairs:
+        assert 0 <= pair["answer_start"] < pair["answer_end"] <= len(texts[pair["passage_id"]])
+        assert texts[pair["passage_id"]][pair["answer_start"]:pair["answer_end"]] == pair["answer"]
+        assert pair["question"].endswith("?") and pair["question"][0].isupper()
+        assert pair["answer"].lower() not in pair["question"].lower()
+
+
+def test_shards_cover_every_row_once() -> None:
+    for n in (0, 1, 7, 4391):
+        rows = [r for s in range(4) for r in range(*shard_rows(n, s, 4))]
+        assert rows == list(range(n))
+
+
+@pytest.fixture(scope="module")
+def index(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Search]:
+    """The published index and its search (loaded once: the encoder takes seconds)."""
+    store = Store(str(tmp_path_factory.mktemp("gqa") / "store"))
+    return store, index_search(store, publish_minilm_index(store, "gqa"))
+
+
+def test_round_trip_keeps_consistent_pairs_and_drops_a_question_that_finds_another_passage(index) -> None:
+    store, search = index
+    config = GeneratedQAConfig(top_k=5)
+    pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)
+    counts: Counter[str] = Counter()
+    kept = round_trip(pairs, search, config, counts)
+    assert kept and counts["not_retrieved"] + counts["answer_not_in_top1"] == len(pairs) - len(kept)
+    good = next(p for p in kept if p["rank"] == 1)
+    # The same question said to be about another passage (one of another article): its own search finds
+    # the first passage, not the one the pair claims, so the pair is inconsistent and goes.
+    other = next(p for p in pairs if p["title"] != good["title"])
+    swapped = {**good, "passage_id": other["passage_id"], "title": other["title"]}
+    # An answer the best passage does not hold: the reader could not give it back.
+    wrong = {**good, "answer": "Zanzibar Quux"}
+    counts = Counter()
+    assert round_trip([good, swapped, wrong], search, config, counts) == [{**good, "rank": 1}]
+    assert counts == {"not_retrieved": 1, "answer_not_in_top1": 1}
+    with_top1_check_off = round_trip([wrong], search, config.model_copy(update={"answer_in_top1": False}))
+    assert [p["answer"] for p in with_top1_check_off] == ["Zanzibar Quux"]
+
+
+def test_a_generated_question_in_a_dev_file_is_dropped(index, tmp_path: Path) -> None:
+    store, search = index
+    passages = read_passages(store, "gqa")
+    config = GeneratedQAConfig()
+    before = shard_pairs(passages, 0, search, HeldOut(), config)
+    leaked = before.table.to_pylist()[0]
+    place = before.table.to_pylist()[1]
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("\n".join(json.dumps(r) for r in [
+        {"question": leaked["question"].upper() + "  ", "answers": ["whatever"]},  # the same question, normalised
+        {"question": "Something else entirely?", "answers": [place["answer"]], "article": place["title"]},
+    ]) + "\n")
+    test = tmp_path / "test.tsv"
+    test.write_text("1\tfactoid\tWhat is the answer?\tforty|two\n")
+    held = held_out([str(dev), str(test)])
+    after = shard_pairs(passages, 0, search, held, config)
+    questions_after = set(after.table.column("question").to_pylist())
+    assert leaked["question"] not in questions_after and place["question"] not in questions_after
+    assert after.counts["held_out"] >= 2 and after.counts["kept"] == before.counts["kept"] - after.counts["held_out"]
+    assert "what is answer" in held.questions
+
+
+def test_a_dev_file_without_questions_is_one_error_naming_it(tmp_path: Path) -> None:
+    from rag_core.train.examples import TaskDataError
+
+    bad = tmp_path / "dev.jsonl"
+    bad.write_text('{"text": "no question here"}\n')
+    with pytest.raises(TaskDataError, match=r"dev\.jsonl: no questions found"):
+        held_out_examples(str(bad))
+
+
+def test_merge_asks_each_question_once_and_splits_by_page(index) -> None:
+    store, search = index
+    passages = read_passages(store, "gqa")
+    config = GeneratedQAConfig(dev_fraction=0.3)
+    part = shard_pairs(passages, 0, search, HeldOut(), config)
+    twice = ShardPairs(part.table, part.counts)
+    table, counts = merge_shards([part, twice], config)
+    assert table.num_rows == part.table.num_rows and counts["duplicate"] == part.table.num_rows
+    by_page: dict[int, set[str]] = {}
+    for row in table.to_pylist():
+        by_page.setdefault(row["page_id"], set()).add(row["split"])
+    assert all(len(splits) == 1 for splits in by_page.values())
+    assert {"train", "dev"} == {s for splits in by_page.values() for s in splits}
