@@ -1,8 +1,9 @@
-"""Guarantee: inputs and waits are bounded: a questions file is read as it is answered, a Dask wait and the
-training job end at their configured limits with one line, and only transport errors are retried.
+"""Guarantee: inputs and waits are bounded: a questions file is read as it is answered, a bz2 bomb is refused
+at the page cap, a Dask wait and the training job end at their limits with one line, and only transport errors
+are retried.
 
-Each runs the real component: the ``wikirag`` program on a FIFO, a real Dask cluster, a real torchrun job,
-a real Prefect flow run.
+Each runs the real component: the ``wikirag`` program on a FIFO, ``wikirag ingest`` on a real Prefect server and
+Dask cluster, a real Dask cluster, a real torchrun job, real Prefect flow runs.
 """
 
 from __future__ import annotations
