@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import re
 import tempfile
@@ -113,10 +114,11 @@ class RagPredictor:
             questions = [model_input]
         else:
             questions = [str(q) for q in model_input]
-        max_new_tokens = int((params or {}).get("max_new_tokens") or MAX_NEW_TOKENS)
-        if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_CAP:
-            raise ModelInputError(f"max_new_tokens {max_new_tokens}: give 1 to {MAX_NEW_TOKENS_CAP} "
+        asked = (params or {}).get("max_new_tokens", MAX_NEW_TOKENS)
+        if not isinstance(asked, numbers.Integral) or isinstance(asked, bool) or not 1 <= asked <= MAX_NEW_TOKENS_CAP:
+            raise ModelInputError(f"max_new_tokens {asked!r}: give a whole number from 1 to {MAX_NEW_TOKENS_CAP} "
                                   "(answer tokens per question)")
+        max_new_tokens = int(asked)
         return answer(self.model, questions, max_new_tokens=max_new_tokens)
 
 
