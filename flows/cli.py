@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from flows import stop_signals
 from flows.cli_indexes import add_indexes
-from flows.search import SearchConfig
+from flows.search import MAX_K, SearchConfig
 from flows.settings import Settings, quiet_environment
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
@@ -404,7 +404,7 @@ def add_search(sub: Any) -> None:
     p.add_argument("--version", help="index version (default: LATEST)")
     p.add_argument("--dask-address", help="search with the shards held by this Dask cluster's workers "
                    "(default $WIKIRAG_DASK_ADDRESS; unset: in this process)")
-    p.add_argument("-k", type=int, help=f"passages per question (default {default(SearchConfig, 'k')})")
+    p.add_argument("-k", type=int, help=f"passages per question (default {default(SearchConfig, 'k')}, at most {MAX_K})")
     p.add_argument("--json", action="store_true", help="one JSON line per question, in input order")
     p.add_argument("--encoder", help="query encoder directory (default: the one recorded in the index)")
     p.add_argument("--question-encoder", help="DPR question encoder directory (default: recorded in the index)")
