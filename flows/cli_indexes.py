@@ -14,7 +14,7 @@ from typing import Any
 
 from flows.settings import Settings
 from rag_core.errors import WikiragError
-from rag_core.index.retention import CleanupConfig, Removed
+from rag_core.index.retention import MIN_AGE_HOURS, CleanupConfig, Removed
 
 log = logging.getLogger("wikirag")
 
@@ -135,7 +135,9 @@ def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
     from rag_core.index.retention import collect_garbage
 
-    config = CleanupConfig(**({} if args.older_than is None else {"older_than_hours": args.older_than}))
+    config = CleanupConfig(**({} if args.older_than is None else {"older_than_hours": args.older_than}),
+                           ignore_min_age=args.ignore_min_age)
+    config.check_min_age()  # before the store is opened: a refused gc touches nothing
     removed = collect_garbage(settings.open_store(), config)
     for line in freed_lines(removed):
         print(line)
@@ -177,4 +179,8 @@ def add_indexes(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) 
     gc = action("gc", cmd_gc, "remove what killed runs left: unpublished versions, unreferenced embedding files, "
                 "staged passage parts")
     gc.add_argument("--older-than", type=float, metavar="HOURS", help="only what nothing wrote to for this many "
-                    f"hours (default {CleanupConfig.model_fields['older_than_hours'].default:g})")
+                    f"hours (default {CleanupConfig.model_fields['older_than_hours'].default:g}, at least "
+                    f"{MIN_AGE_HOURS:g} unless --ignore-min-age); what a running build's lease holds is always kept")
+    gc.add_argument("--ignore-min-age", action="store_true", help=f"allow --older-than below {MIN_AGE_HOURS:g}: "
+                    "also collects what builds without a lease stopped writing minutes ago (builds holding a live "
+                    "lease are still kept)")

@@ -2,7 +2,8 @@
 
 ingest (its own gates) -> embed each passage shard on Dask -> gate the
 embeddings -> build one FAISS index per shard on Dask -> gate counts and
-recall -> publish (manifest last, then LATEST) -> summary artifact
+recall -> publish (manifest last, then LATEST) -> summary artifact; from the plan to the publish the build
+holds a lease on its passage set (tasks/leases.py), which gc and delete honour
 
 ``index_rebuild`` takes everything as parameters (no environment is read
 here); the deployment's entry point, ``deployed_index_rebuild``, reads the
@@ -19,7 +20,7 @@ from prefect_dask import DaskTaskRunner
 from flows.ingest import dask_runner, ingest
 from flows.settings import Settings, StoreAccess, quiet_environment
 from flows.shard_runs import wait_for_shards
-from rag_core.index.build import GateConfig
+from rag_core.index.build import GateConfig, dump_id_of
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
@@ -32,6 +33,7 @@ from tasks.index import (
     unchanged_latest,
 )
 from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
+from tasks.leases import index_lease, protect_plan
 
 quiet_environment()
 
@@ -68,22 +70,26 @@ def index_rebuild(
     address = scheduler_address()
     passages_url = ingest.with_options(task_runner=dask_runner(address, None))(config=ingest_config, store=store)
 
-    plan = plan_index(target, passages_url, embed, index, gate)
-    if (current := unchanged_latest(target, plan)) is not None:
-        return current
-    shard_ids = list(range(plan.num_shards))
-    embedding_runs = embed_passages.map(unmapped(target), unmapped(plan), shard_ids)
-    wait_for_shards(embedding_runs)  # finished shards stay on the store even when one fails: a rerun skips them
-    embedded = embedding_runs.result()
-    embed_gates = enforce_index_gate(target, plan, "embeddings", gate_embeddings(plan, embedded))
+    # The build's lease keeps gc and delete off its embedding ranges and version folder while it runs, and makes a
+    # second rebuild of the same passages wait for this one (then find LATEST unchanged, or reuse its vectors).
+    with index_lease(target, dump_id_of(passages_url)) as lease:
+        plan = plan_index(target, passages_url, embed, index, gate)
+        protect_plan(lease, plan)
+        if (current := unchanged_latest(target, plan)) is not None:
+            return current
+        shard_ids = list(range(plan.num_shards))
+        embedding_runs = embed_passages.map(unmapped(target), unmapped(plan), shard_ids)
+        wait_for_shards(embedding_runs)  # finished shards stay on the store even when one fails: a rerun skips them
+        embedded = embedding_runs.result()
+        embed_gates = enforce_index_gate(target, plan, "embeddings", gate_embeddings(plan, embedded))
 
-    index_runs = build_index_shard.map(unmapped(target), unmapped(plan), shard_ids)
-    wait_for_shards(index_runs)
-    built = index_runs.result()
-    index_gates = enforce_index_gate(target, plan, "index", gate_index(plan, built))
+        index_runs = build_index_shard.map(unmapped(target), unmapped(plan), shard_ids)
+        wait_for_shards(index_runs)
+        built = index_runs.result()
+        index_gates = enforce_index_gate(target, plan, "index", gate_index(plan, built))
 
-    gates = {**embed_gates, **index_gates}
-    version = publish_index(target, plan, built, gates)
+        gates = {**embed_gates, **index_gates}
+        version = publish_index(target, plan, built, gates)
     summarize_index(plan, embedded, built, version, gates)
     return version
 

@@ -1,7 +1,7 @@
 """The ``ingest`` flow: a Wikipedia dump to quality-gated passages on a store.
 
 plan (checksum, index, shards) -> parse/clean/chunk each shard on Dask ->
-gate each part and the ids across parts -> publish (parts, then manifest)
+gate each part and the ids across parts -> publish (parts, then manifest), all under the passage set's lease
 
 ``ingest`` takes everything as parameters (no environment is read here); the
 deployment's entry point, ``deployed_ingest``, reads the worker's settings once
@@ -26,6 +26,7 @@ from tasks.ingest import (
     publish_passages,
     summarize_ingest,
 )
+from tasks.leases import ingest_lease
 from tasks.quality import enforce_gates, gate_passages, warm_gates
 
 quiet_environment()
@@ -66,22 +67,25 @@ def ingest(config: IngestConfig, store: StoreAccess) -> str:
     warm_gates()
     plan = plan_dump(config, dump, index)
     url = target.url_of("passages", plan.dump_id)
-    existing = already_published(target, plan)
-    if existing is not None:
-        summarize_ingest(plan, existing, url, reused=True)
-        return url
+    # One run per passage set at a time: a second run of the same dump waits here, then finds the set published.
+    with ingest_lease(target, plan.dump_id, dump.url):
+        existing = already_published(target, plan)
+        if existing is not None:
+            summarize_ingest(plan, existing, url, reused=True)
+            return url
 
-    if plan.shards:
-        shard_runs = ingest_shard.map(unmapped(dump), plan.shards, unmapped(target), unmapped(plan), unmapped(config))
-        wait_for_shards(shard_runs)  # healthy shards finish and stay staged even when one fails: a rerun reuses them
-        records = shard_runs.result()
-    else:
-        records = ingest_stream.submit(dump, target, plan, config).result()
+        if plan.shards:
+            shard_runs = ingest_shard.map(unmapped(dump), plan.shards, unmapped(target), unmapped(plan),
+                                          unmapped(config))
+            wait_for_shards(shard_runs)  # healthy shards finish and stay staged even when one fails: a rerun reuses them
+            records = shard_runs.result()
+        else:
+            records = ingest_stream.submit(dump, target, plan, config).result()
 
-    gates = gate_passages(target, plan.dump_id, plan.layout, records, config)
-    gate_markdown = enforce_gates(target, plan.dump_id, gates)
+        gates = gate_passages(target, plan.dump_id, plan.layout, records, config)
+        gate_markdown = enforce_gates(target, plan.dump_id, gates)
 
-    manifest = publish_passages(target, plan, records, gate_markdown, dump, index, config)
+        manifest = publish_passages(target, plan, records, gate_markdown, dump, index, config)
     summarize_ingest(plan, manifest, url, reused=False)
     return url
 

@@ -14,7 +14,7 @@ import json
 import os
 import posixpath
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -292,17 +292,63 @@ class Store:
                 self.fs.rm(path, recursive=True)
 
     def move_tree(self, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
-        """Move a folder; a rename on local disks, copy-then-delete on S3."""
+        """Move a folder's files into ``dst`` with :meth:`copy_missing`, then remove ``src``: the source goes only
+        once every file is at the destination, and nothing ``dst`` held is deleted first."""
+        self.copy_missing(src, dst)
+        self.remove(*src)
+
+    def copy_missing(self, src: tuple[str, ...], dst: tuple[str, ...], names: Iterable[str] | None = None) -> list[str]:
+        """Bring into ``dst`` each file of ``src`` (``names``: only these, relative to ``src``) that ``dst`` lacks;
+        returns the names brought, sorted.
+
+        Idempotent: a file ``dst`` already holds with the same size (and the same ETag on S3, the same bytes on a
+        local disk) is kept as it is, so a retried move brings only what is missing and never deletes or empties
+        ``dst``; a file there that differs (a leftover of another attempt, never published) is replaced. Each
+        file arrives whole: a rename on a local disk, a server-side copy (one object) on S3; ``src`` keeps its
+        copies (local: what was renamed is gone from it). Local writes in flight (``*.tmp``) are left behind.
+        Afterwards every file is looked for at ``dst``: one :class:`StoreError` line names any missing.
+        """
         src_path, dst_path = self.path_of(*src), self.path_of(*dst)
+        local = is_local(self.url)
         with translate_errors(self.url_of(*dst), "publishing"):
-            if self.fs.exists(dst_path):
-                self.fs.rm(dst_path, recursive=True)
-            if is_local(self.url):
-                self.fs.makedirs(posixpath.dirname(dst_path), exist_ok=True)
-                self.fs.mv(src_path, dst_path, recursive=True)
-            else:
-                self.fs.copy(src_path, dst_path, recursive=True)
-                self.fs.rm(src_path, recursive=True)
+            have, held = self._file_details(src_path), self._file_details(dst_path)
+            wanted = sorted(n for n in have if not n.endswith(".tmp")) if names is None else sorted(set(names))
+            for name in wanted:
+                relative_path(name, self.url_of(*src, name))
+            todo = [n for n in wanted if n in have and not self._same_file(src_path, dst_path, n, have[n], held.get(n))]
+            if local:
+                for name in todo:
+                    os.makedirs(posixpath.dirname(f"{dst_path}/{name}"), exist_ok=True)
+                    os.replace(f"{src_path}/{name}", f"{dst_path}/{name}")
+            elif todo:
+                self.fs.copy([f"{src_path}/{n}" for n in todo], [f"{dst_path}/{n}" for n in todo])
+            arrived = self._file_details(dst_path)
+        missing = [n for n in wanted if n not in arrived or (n in have and arrived[n]["size"] != have[n]["size"])]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise StoreError(f"{self.url_of(*dst)}: {shown} did not arrive from {self.url_of(*src)}; rerun (the "
+                             "move brings only what is missing)")
+        return todo
+
+    def _file_details(self, path: str) -> dict[str, dict[str, Any]]:
+        """fsspec's details (``size``, and ``ETag`` on S3) of every file under ``path``, by relative name."""
+        self.fs.invalidate_cache(path)
+        try:
+            found = self.fs.find(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {name[len(path) + 1:]: info for name, info in found.items() if info.get("type") != "directory"}
+
+    def _same_file(self, src_path: str, dst_path: str, name: str, have: dict[str, Any],
+                   held: dict[str, Any] | None) -> bool:
+        if held is None or held.get("size") != have.get("size"):
+            return False
+        if is_local(self.url):
+            import filecmp
+
+            return filecmp.cmp(f"{src_path}/{name}", f"{dst_path}/{name}", shallow=False)
+        # A server-side copy keeps the ETag (the MD5 of a one-part object): equal ETags, equal bytes.
+        return not (have.get("ETag") and held.get("ETag")) or have["ETag"] == held["ETag"]
 
     def check_writable(self) -> None:
         """Fail fast, before any work, when the store refuses writes or is down."""

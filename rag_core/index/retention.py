@@ -9,8 +9,11 @@
 - :func:`delete_version` removes a version and the files no remaining version
   references; :func:`collect_garbage` removes what killed runs left: unpublished
   version folders, unreferenced embedding files and staged passage parts, once
-  nothing has written to them for ``older_than_hours`` (a running build keeps
-  writing, so it is never collected).
+  nothing has written to them for ``older_than_hours`` (at least
+  :data:`MIN_AGE_HOURS` unless ``ignore_min_age``).
+- A live **build lease** (:mod:`rag_core.leases`) keeps what it protects from
+  both, however old its files: a resumed build's embedding ranges, the version
+  folder it writes, an ingest's staged parts.
 """
 
 from __future__ import annotations
@@ -37,15 +40,31 @@ from rag_core.index.versions import (
     move_latest,
     read_index_manifest,
 )
+from rag_core.leases import LeaseRecord, holding_lease, live_leases
 from rag_core.storage import Store, relative_path
 from rag_core.wiki.ingest import PASSAGES_DIR, STAGING_DIR
+
+
+# Below this, gc could take the files of a build that is only pausing (a worker restarting, a resumed build that
+# has not planned yet): leases protect the builds that hold one; this floor protects the rest.
+MIN_AGE_HOURS = 1.0
 
 
 class CleanupConfig(BaseModel):
     """How ``gc`` decides that a leftover is abandoned."""
 
     older_than_hours: float = Field(24.0, ge=0, description="collect only what nothing wrote to for this many "
-                                    "hours (a running build keeps writing)")
+                                    f"hours (at least {MIN_AGE_HOURS:g} unless ignore_min_age)")
+    ignore_min_age: bool = Field(False, description=f"allow older_than_hours below {MIN_AGE_HOURS:g} (live build "
+                                 "leases are honoured still)")
+
+    def check_min_age(self) -> None:
+        """Refuse, in one line, an age below :data:`MIN_AGE_HOURS` that was not asked for explicitly."""
+        if self.older_than_hours < MIN_AGE_HOURS and not self.ignore_min_age:
+            raise IndexVersionError(
+                f"gc --older-than {self.older_than_hours:g}: below the minimum of {MIN_AGE_HOURS:g} hour, gc could "
+                f"take the files of a build that is only pausing; give --older-than {MIN_AGE_HOURS:g} or more, or "
+                "add --ignore-min-age (ignore_min_age=True) to collect younger leftovers (live leases still hold)")
 
 
 @dataclass
@@ -145,17 +164,22 @@ def remove_embedding_files(store: Store, paths: Iterable[str], removed: Removed)
 def delete_version(store: Store, version: str, *, force: bool = False) -> Removed:
     """Delete a version (or an unpublished leftover) and the files no other published version references.
 
-    Refused while the version is pinned, and while LATEST points at it unless
-    ``force`` (LATEST then moves to the newest other version, or goes when
-    none is left). The manifest goes first (the version vanishes at once),
-    then its folder, then its embedding files that no remaining version
-    references. A pin that arrives meanwhile brings the manifest back.
+    Refused while the version is pinned, while a build's live lease holds its
+    folder, and while LATEST points at it unless ``force`` (LATEST then moves
+    to the newest other version, or goes when none is left). The manifest goes
+    first (the version vanishes at once), then its folder, then its embedding
+    files that no remaining version references and no live lease protects. A
+    pin that arrives meanwhile brings the manifest back.
     """
     indexes = store.child(INDEXES_DIR)
     folder = indexes.files(check_name(version))
     if not folder:
         available = ", ".join(list_versions(store)) or "none"
         raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
+    leases = live_leases(store)
+    if (lease := holding_lease(leases, f"{INDEXES_DIR}/{version}/")) is not None:
+        raise IndexVersionError(f"{indexes.url}: refusing to delete {version}: a build is writing it ({lease.describe()}); "
+                                "wait until it has finished, or until its lease expires if that run is gone")
     held = holders(store, version)
     if held and not (force and held == ["LATEST"]):
         fix = ("unpin it first (wikirag indexes unpin VERSION --by NAME)" if held != ["LATEST"]
@@ -178,6 +202,10 @@ def delete_version(store: Store, version: str, *, force: bool = False) -> Remove
             removed.notes.append(f"{len(busy)} embedding files kept: a build in progress may use them (gc collects "
                                  "them once it is abandoned)")
             others.update(busy)
+        if leased := _leased(leases, [p for p in own if p not in others]):
+            removed.notes += [f"{len(paths)} embedding files kept: held by the {lease.describe()}"
+                              for lease, paths in leased.items()]
+            others.update(p for paths in leased.values() for p in paths)
         removed.kept, own = sorted(p for p in own if p in others), [p for p in own if p not in others]
         if held:  # forced: LATEST steps back first, so readers of LATEST never meet a missing version
             rest = [v for v in list_versions(store) if v != version]
@@ -221,12 +249,18 @@ def collect_garbage(store: Store, config: CleanupConfig | None = None, *, now: f
     - embedding files no published version references (range records go with
       their files), except in the folders a live build works on;
     - staged passage parts of ingest runs (``passages/_staging/<dump_id>``).
-    Published versions and the files they read are never touched. When a
+    Published versions and the files they read are never touched, nor
+    anything a live build lease protects (a note names its holder). When a
     manifest cannot be read, no embedding file is collected (its references
-    are unknown) and a note says so.
+    are unknown) and a note says so. ``older_than_hours`` below
+    :data:`MIN_AGE_HOURS` is refused (one line) unless ``ignore_min_age``.
+    ``now`` moves the clock of the age rule only; leases live by the real clock.
     """
-    cutoff = (time.time() if now is None else now) - (config or CleanupConfig()).older_than_hours * 3600
+    config = config or CleanupConfig()
+    config.check_min_age()
+    cutoff = (time.time() if now is None else now) - config.older_than_hours * 3600
     removed = Removed()
+    leases = live_leases(store)
     embeddings = store.files(EMBEDDINGS_DIR)  # "<fingerprint_id>/<dump_id>/<name>" -> (bytes, modified)
 
     def newest(files: dict[str, tuple[int, float]], prefix: str = "") -> float:
@@ -236,6 +270,10 @@ def collect_garbage(store: Store, config: CleanupConfig | None = None, *, now: f
     indexes = store.child(INDEXES_DIR)
     for name in unpublished_versions(store):
         files, folders = indexes.files(name), planned_folders(store, name)
+        if (lease := holding_lease(leases, f"{INDEXES_DIR}/{name}/")) is not None:
+            live.update(folders)
+            removed.notes.append(f"kept {INDEXES_DIR}/{name}: held by the {lease.describe()}")
+            continue
         if max([newest(files), *(newest(embeddings, f) for f in folders)]) > cutoff:
             live.update(folders)
             removed.notes.append(f"kept {INDEXES_DIR}/{name}: unpublished, but a build wrote to it recently")
@@ -249,23 +287,40 @@ def collect_garbage(store: Store, config: CleanupConfig | None = None, *, now: f
     else:
         stale = [f"{EMBEDDINGS_DIR}/{p}" for p, (_, m) in embeddings.items()
                  if m <= cutoff and not p.endswith(".json") and not any(p.startswith(f) for f in live)]
-        remove_embedding_files(store, [p for p in stale if p not in refs], removed)
-        _remove_dangling_records(store, embeddings, cutoff, live, removed)
+        stale = [p for p in stale if p not in refs]
+        leased = _leased(leases, stale)
+        removed.notes += [f"kept {len(paths)} embedding files: held by the {lease.describe()}"
+                          for lease, paths in leased.items()]
+        kept = {p for paths in leased.values() for p in paths}
+        remove_embedding_files(store, [p for p in stale if p not in kept], removed)
+        _remove_dangling_records(store, embeddings, cutoff, live, removed, leases)
 
     staging = store.files(PASSAGES_DIR, STAGING_DIR)
     for dump_id in sorted({p.split("/", 1)[0] for p in staging}):
-        if newest(staging, f"{dump_id}/") <= cutoff:
+        if (lease := holding_lease(leases, f"{PASSAGES_DIR}/{STAGING_DIR}/{dump_id}/")) is not None:
+            removed.notes.append(f"kept {PASSAGES_DIR}/{STAGING_DIR}/{dump_id}: held by the {lease.describe()}")
+        elif newest(staging, f"{dump_id}/") <= cutoff:
             store.remove(PASSAGES_DIR, STAGING_DIR, dump_id)
             removed.files.update({f"{PASSAGES_DIR}/{STAGING_DIR}/{p}": size for p, (size, _) in staging.items()
                                   if p.startswith(f"{dump_id}/")})
     return removed
 
 
+def _leased(leases: list[LeaseRecord], paths: list[str]) -> dict[LeaseRecord, list[str]]:
+    """The store-relative ``paths`` that live leases protect, by the lease that protects them."""
+    out: dict[LeaseRecord, list[str]] = {}
+    for path in paths:
+        if (lease := holding_lease(leases, path)) is not None:
+            out.setdefault(lease, []).append(path)
+    return out
+
+
 def _remove_dangling_records(store: Store, embeddings: dict[str, tuple[int, float]], cutoff: float,
-                             live: set[str], removed: Removed) -> None:
+                             live: set[str], removed: Removed, leases: list[LeaseRecord]) -> None:
     """Range records whose data files are gone (a killed delete): the range must count as not done."""
     for path, (size, modified) in embeddings.items():
-        if not path.endswith(".json") or modified > cutoff or any(path.startswith(f) for f in live):
+        if (not path.endswith(".json") or modified > cutoff or any(path.startswith(f) for f in live)
+                or holding_lease(leases, f"{EMBEDDINGS_DIR}/{path}") is not None):
             continue
         folder, _, name = f"{EMBEDDINGS_DIR}/{path}".rpartition("/")
         if f"{folder}/{name}" in removed.files:

@@ -5,7 +5,7 @@ Layout under ``<store>/passages/``::
     _staging/<dump_id>/<layout>/part-00003.parquet    passages of part 3
                                 redirects-00003.parquet
                                 part-00003.json        counts; written last, marks the part done
-    <dump_id>/part-*.parquet, redirects-*.parquet      published parts
+    <dump_id>/part-*.parquet, redirects-*.parquet      published parts (brought in before the manifest)
     <dump_id>/manifest.json                            written last: the set exists once it does
 
 ``dump_id`` is content-addressed: the dump's sha256 plus every setting that
@@ -127,35 +127,37 @@ def published_manifest(store: Store, dump_id: str) -> dict[str, Any] | None:
 
 
 def publish(store: Store, dump_id: str, layout: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Move the staged parts into place, then write the manifest; returns the manifest written.
+    """Bring the staged parts into place, then write the manifest, then remove the staging; returns the manifest.
 
-    A crash before the manifest leaves no visible set (readers look for the
-    manifest), and the next run redoes only the move.
+    Published data is never deleted or rewritten: when the set is published already (another run of the same dump
+    finished first), its manifest is kept and returned and only the staging goes. Parts already in place whole are
+    kept, so a publish retried after a crash brings only the missing ones; the manifest is written once every part
+    it names is in place, so a reader never meets a manifest naming a missing part, and a crash before it leaves
+    no visible set.
     """
     records = sorted(manifest["parts"], key=lambda r: r["part"])
-    staging = (PASSAGES_DIR, STAGING_DIR, dump_id, layout)
-    store.move_tree(staging, (PASSAGES_DIR, dump_id))
-    root = store.child(PASSAGES_DIR, dump_id)
-    for r in records:
-        root.remove(_part_name("part", r["part"], "json"))
-    full = {
-        **manifest,
-        "kind": "passages",
-        "dump_id": dump_id,
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "parts": [
-            {
-                "path": _part_name("part", r["part"], "parquet"),
-                "redirects": _part_name("redirects", r["part"], "parquet"),
-                "rows": r["rows"],
-                "sha256": r["sha256"],
-            }
-            for r in records
-        ],
-    }
-    root.write_json(full, MANIFEST)
+    if (existing := published_manifest(store, dump_id)) is None:
+        names = [_part_name(kind, r["part"], "parquet") for r in records for kind in ("part", "redirects")]
+        store.copy_missing((PASSAGES_DIR, STAGING_DIR, dump_id, layout), (PASSAGES_DIR, dump_id), names)
+        full = {
+            **manifest,
+            "kind": "passages",
+            "dump_id": dump_id,
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "parts": [
+                {
+                    "path": _part_name("part", r["part"], "parquet"),
+                    "redirects": _part_name("redirects", r["part"], "parquet"),
+                    "rows": r["rows"],
+                    "sha256": r["sha256"],
+                }
+                for r in records
+            ],
+        }
+        if (existing := published_manifest(store, dump_id)) is None:
+            store.child(PASSAGES_DIR, dump_id).write_json(full, MANIFEST)
     store.remove(PASSAGES_DIR, STAGING_DIR, dump_id)
-    return full
+    return existing if existing is not None else full
 
 
 def write_report(store: Store, dump_id: str, name: str, markdown: str) -> str:

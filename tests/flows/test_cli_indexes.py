@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_gc_and_bad_manifests(versions: tuple[str, str, str], capsys: pytest.Cap
     os.utime(leftover / "shard-00000.faiss", (1e9, 1e9))  # written long ago by a run that died
     code, out, err = wikirag(capsys, "indexes", "gc", "--store", store)
     assert code == 0 and out == f"removed indexes/{leftover.name}: 1 files, 2.0 KB\n" and "gc: 1 files, 2.0 KB" in err
-    code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--store", store)
+    code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--ignore-min-age", "--store", store)
     assert code == 0 and out == "" and "idle for more than 0 hours" in err  # everything left is published
 
     Path(store, "indexes", v1, "manifest.json").write_bytes(b'{"schema_version": 2, "version": "')
@@ -102,3 +103,83 @@ def test_gc_and_bad_manifests(versions: tuple[str, str, str], capsys: pytest.Cap
     assert err.startswith(f"wikirag: error: {store}/indexes/{v1}/manifest.json: not valid JSON")
     code, out, _ = wikirag(capsys, "indexes", "--store", store)
     assert code == 0 and f"  {v1}\tunreadable: {store}/indexes/{v1}/manifest.json: not valid JSON" in out
+
+
+HOLD_LEASE = """
+import sys, time
+from rag_core.leases import take_lease
+from rag_core.storage import Store
+with take_lease(Store(sys.argv[1]), "index", "d1", ttl_s=float(sys.argv[2]), protects=sys.argv[3:],
+                note="index build of d1 (resumed)") as lease:
+    print("held", flush=True)
+    for line in sys.stdin:  # a folder to protect as well, once the build has planned it
+        print(lease.protect(line.strip()), flush=True)
+    time.sleep(600)
+"""
+
+
+def _tree(root: Path) -> dict[str, int]:
+    """Every file of a local store but the leases (a heartbeat rewrites them): path -> last modified."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")
+            if p.is_file() and p.relative_to(root).parts[0] != "leases"}
+
+
+def test_gc_during_a_resumed_build_keeps_what_its_lease_holds_and_refuses_a_young_age(
+        wiki: Path, tmp_path: Path, home: Path, capsys: pytest.CaptureFixture) -> None:
+    from rag_core.index.build import embed_plan_shard, plan_version
+
+    root = tmp_path / "store"
+    store = Store(str(root))
+    encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(tmp_path / "tiny")), dtype="float32"))
+    publish_passages(store, "d1", sample_passages().slice(0, 30))
+    embed = EmbedConfig(encoder=encoder.config, shards=2)
+    killed = plan_version(store, "d1", embed, encoder=encoder)  # a build killed after embedding both shards
+    for shard in range(2):
+        embed_plan_shard(store, killed, shard, encoder=encoder)
+    for path in root.rglob("*"):
+        os.utime(path, (1e9, 1e9))  # all of it written long ago
+    ranges = sorted(str(p.relative_to(root)) for p in (root / "embeddings").rglob("rows-*"))
+    assert len(ranges) == 6  # per shard: vectors, ids, record
+
+    # The build resumed: it holds its lease (a real process, heartbeat live), then plans a new version.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LEASE, str(root), "2", "embeddings/*/d1/"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline() == "held\n"
+
+        # A young age without the override: one line, exit 2, nothing on the store touched.
+        before = _tree(root)
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "indexes", "gc", "--older-than", "0", "--store",
+                               str(root)], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+        assert proc.stderr.startswith("wikirag: error: gc --older-than 0: below the minimum of 1 hour")
+        assert "--ignore-min-age" in proc.stderr and _tree(root) == before
+
+        # Before the resumed build has planned: its lease alone keeps the old ranges it is about to reuse.
+        plan_bytes = (root / "indexes" / killed.version / "plan.json").stat().st_size
+        code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--ignore-min-age", "--store", str(root))
+        assert (code, out) == (0, f"removed indexes/{killed.version}: 1 files, {plan_bytes} B\n")  # unleased: gone
+        assert "kept 4 embedding files: held by the index lease d1 held by " in err
+        assert f"pid {holder.pid} (index build of d1 (resumed))" in err
+        assert all((root / p).exists() for p in ranges)
+
+        # Planned: its version folder is kept too, and delete refuses it naming the build.
+        resumed = plan_version(store, "d1", embed, encoder=encoder)
+        holder.stdin.write(f"indexes/{resumed.version}/\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "True\n"
+        code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--ignore-min-age", "--store", str(root))
+        assert code == 0 and out == "" and f"kept indexes/{resumed.version}: held by the index lease d1" in err
+        assert all((root / p).exists() for p in ranges) and (root / "indexes" / resumed.version / "plan.json").exists()
+        code, _, err = wikirag(capsys, "indexes", "delete", resumed.version, "--store", str(root))
+        assert code == 2 and f"refusing to delete {resumed.version}: a build is writing it (index lease d1" in err
+    finally:
+        holder.kill()  # the build dies without releasing its lease
+        holder.wait()
+
+    time.sleep(2.5)  # past the lease's ttl: the build is gone, what it held is a leftover like any other
+    code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--ignore-min-age", "--store", str(root))
+    assert code == 0 and "held by" not in err
+    assert not any((root / p).exists() for p in ranges) and not (root / "indexes" / resumed.version).exists()
+    assert sorted(out.splitlines())[-1].startswith(f"removed indexes/{resumed.version}: ")
