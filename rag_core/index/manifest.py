@@ -12,6 +12,11 @@ use:
 - the encoder's fingerprint, the passage set (``dump_id``), the dump, the
   index settings and the gates' results.
 
+Every path it names has the one shape the builder writes (``shard-00001.faiss``,
+``embeddings/<fingerprint_id>/<dump_id>/rows-<start>-<stop>.<w>.npy``, ...), so a
+manifest edited to name a file outside the store (or outside its version's folder
+and its embedding folder) is refused when read, before any file it names is opened.
+
 Schema versions: 1 had no embedding references (those versions read embedding
 files that a rebuild with another shard count rewrote); 2 is this one. A
 manifest of any other schema, or one that is not valid UTF-8 JSON of this
@@ -32,9 +37,7 @@ from rag_core.errors import WikiragError
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 SHA256 = r"^[0-9a-f]{64}$"
-# Every path a manifest names is one of these shapes, exactly as the builder writes it (versions.shard_names,
-# embeddings.embedding_ref): nothing read from a manifest can name a file outside its version's folder or
-# outside embeddings/<fingerprint_id>/<dump_id>/.
+# The shapes of the paths a manifest names: those versions.shard_names and embeddings.embedding_ref write.
 NAME = r"[0-9A-Za-z][0-9A-Za-z._-]*"  # a version or a passage set: one name, never '.' or '..'
 FINGERPRINT_ID = r"^[0-9a-f]{16}$"
 SHARD_FILE = re.compile(r"^shard-(\d{5,})\.faiss$")
