@@ -100,7 +100,7 @@ def test_a_manifest_naming_paths_outside_what_the_builder_writes_is_refused(
     assert (code, out, len(err.splitlines())) == (2, "", 1), err
     assert err.startswith(f"wikirag: error: {refusal}") and err.rstrip().endswith("was not written by wikirag")
 
-    code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--store", forged.store)
+    code, out, err = wikirag(capsys, "indexes", "gc", "--older-than", "0", "--ignore-min-age", "--store", forged.store)
     assert (code, out) == (0, "")  # no embedding file is collected while a manifest's references are unknown
     assert f"no embedding file collected: the manifests of {forged.forged} are unreadable" in err
     _untouched(forged, capsys)
