@@ -99,7 +99,11 @@ def plan_dump(config: IngestConfig, dump: DumpSource, index: DumpSource | None) 
 @task
 def already_published(store: Store, plan: DumpPlan) -> dict[str, Any] | None:
     """The manifest of this exact passage set when an earlier run published it."""
-    return published_manifest(store, plan.dump_id)
+    manifest = published_manifest(store, plan.dump_id)
+    if manifest is not None:
+        get_run_logger().info("passages %s already published (%s); nothing to redo", plan.dump_id,
+                              manifest.get("created_at"))
+    return manifest
 
 
 @io_task
