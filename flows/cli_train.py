@@ -40,8 +40,27 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
                                               ("n_docs", args.n_docs),
                                               ("train_generator_layers", args.train_layers)) if value is not None}
     recipe["generator"] = str(resolve_generator(settings.home, args.generator))
+    recipe["max_dev_examples"] = args.eval_examples  # the recipe's dev-loss passes too: every evaluation is bounded
     return {"task": args.task, "train": args.train, "dev": args.dev, "recipe": recipe,
             "eval_examples": args.eval_examples}
+
+
+def check_memory(request: dict, args: argparse.Namespace, settings: Settings) -> None:
+    """Refuse in one line, before anything starts, when ``--nproc`` training ranks would not fit in memory
+    (rag_core.train.memory_plan); a store without a published index is left to the flow to report."""
+    from rag_core.index.versions import read_index_manifest
+    from rag_core.train.memory_plan import check_training_memory
+    from rag_core.train.recipe import TrainConfig
+
+    try:
+        manifest = read_index_manifest(settings.open_store(), args.index)
+    except WikiragError:
+        return
+    config = TrainConfig.model_validate({**request["recipe"], "task": args.task, "train": args.train or "cloze",
+                                         "dev": args.dev})
+    plan = check_training_memory(config, args.nproc, manifest, index_in_ranks=not settings.dask_address)
+    if plan is not None:
+        log.info("memory plan: %d process(es) x %.1f GB (%s GB each)", args.nproc, plan.per_rank / 1e9, plan.parts())
 
 
 def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
@@ -49,6 +68,7 @@ def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
     from flows.prefect_api import prefect_api
 
     request = finetune_request(args, settings)
+    check_memory(request, args, settings)
     log.info("fine-tuning %s with %d process(es); MLflow at %s", args.task, args.nproc, settings.tracking_uri)
     with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.finetune")):
         from flows.finetune import finetune

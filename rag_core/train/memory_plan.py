@@ -105,7 +105,7 @@ def activation_bytes(model_config: dict[str, Any], tokens: int, trained_blocks: 
     inner = model_config.get("intermediate_size") or model_config.get("decoder_ffn_dim") or 4 * hidden
     block = 4.0 * tokens * (10 * hidden + 5 * inner)  # q/k/v/o, norms, residuals, the gated MLP's four widths
     if checkpointing:
-        return 4.0 * tokens * hidden * trained_blocks + 2 * block  # stored inputs + one block and its gradients
+        return 4.0 * tokens * hidden * trained_blocks + block  # stored inputs + the block being recomputed
     return block * trained_blocks
 
 
@@ -144,3 +144,24 @@ def check_fits(plan: MemoryPlan, nproc: int, available: float) -> None:
             f"{nproc} training process(es) need about {nproc} x {plan.per_rank / GB:.1f} GB = {need / GB:.1f} GB "
             f"({plan.parts()} GB each) but {available / GB:.1f} GB of memory is available; lower --nproc "
             "or --n-docs, or train fewer generator blocks (--train-layers)")
+
+
+def check_training_memory(config: Any, nproc: int, index_manifest: Any, *, index_in_ranks: bool = True,
+                          available: float | None = None) -> MemoryPlan | None:
+    """:func:`check_fits` for ``nproc`` ranks of ``config`` against psutil's available memory now (or
+    ``available``); returns the plan, or None for the built-in small BART (no weights folder to size, ~5M
+    parameters). ``index_in_ranks``: each rank loads ``index_manifest``'s index (no Dask cluster holds it)."""
+    import psutil
+
+    from rag_core.hardware import choose_precision
+    from rag_core.index.encoders import EncoderConfig, packaged_model_path
+
+    if config.generator is None:
+        return None
+    encoder = config.question_encoder or EncoderConfig(**(index_manifest.encoder_config or {}))
+    encoder_dir = Path(encoder.question_path or encoder.path or packaged_model_path()).expanduser()
+    precision = choose_precision(config.precision, "cpu" if config.device == "auto" else config.device).dtype
+    plan = plan_memory(config, index_manifest if index_in_ranks else None, Path(config.generator).expanduser(),
+                       encoder_dir, world_size=nproc, precision=precision)
+    check_fits(plan, nproc, psutil.virtual_memory().available if available is None else available)
+    return plan

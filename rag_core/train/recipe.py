@@ -21,7 +21,9 @@ One optimizer step (the DDP-correct split, ``rag_core.model.rag_model``):
 3. clip, optimizer step, schedule step. The index and its vectors never change.
 
 ``batch_size`` is the global batch: each of W ranks runs ``grad_accum`` micro-batches of
-``batch_size / (W * grad_accum)`` examples, and the loss is sum(NLL) * W / batch_size per
+``batch_size / (W * grad_accum)`` examples (by default one example each: a rank then holds the
+activations of one question's ``n_docs`` prompts at a time, and with activation checkpointing only
+each generator block's input of them; memory per rank no longer grows with the batch), and the loss is sum(NLL) * W / batch_size per
 micro-batch, so after DDP's average the gradient is the mean over the global batch: the same
 config gives the same parameters with any number of processes or accumulation steps (tested,
 to float rounding; with dropout > 0 the masks differ, so set ``dropout=0`` to compare).
@@ -70,7 +72,7 @@ log = logging.getLogger(__name__)
 
 # Fields that may change between a run and its resumption: they do not change the trajectory.
 RUN_CONTROL = frozenset({"max_steps", "eval_every", "max_dev_examples", "checkpoint_every", "keep_checkpoints",
-                         "log_every", "threads", "device"})
+                         "log_every", "threads", "device", "activation_checkpointing"})
 _DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout")
 
 
@@ -113,7 +115,12 @@ class TrainConfig(BaseModel):
     grad_clip: float | None = Field(None, gt=0.0, description="clip the global gradient norm; None = no clipping")
     batch_size: int = Field(8, ge=1, description="examples per optimizer step over all ranks and micro-steps "
                                                  "(results do not depend on the process count)")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step on each rank")
+    grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step on each rank; None = "
+                                                           "one example each (a rank holds one question's n_docs "
+                                                           "rows of activations at a time; the same gradient)")
+    activation_checkpointing: bool = Field(True, description="keep only each generator block's input for the "
+                                                             "backward pass and recompute the rest there: less "
+                                                             "memory per rank for more compute; the same gradient")
     max_steps: int = Field(100, ge=0, description="optimizer steps in all (a resumed run counts those done)")
     eval_every: int = Field(0, ge=0, description="dev loss every N steps; 0 = at the start and the end only")
     max_dev_examples: int = Field(256, ge=1, description="dev loss over at most the first N dev examples")
@@ -217,9 +224,14 @@ def set_dropout(module: nn.Module, p: float) -> None:
                 setattr(sub, name, p)
 
 
+def micro_steps(config: TrainConfig, world: int) -> int:
+    """Micro-batches per optimizer step on each of ``world`` ranks: ``grad_accum``, or one per example when None."""
+    return config.grad_accum or max(1, config.batch_size // world)
+
+
 def micro_positions(step: int, micro: int, rank: int, world: int, config: TrainConfig) -> list[int]:
     """Positions in the training stream of rank ``rank``'s micro-batch ``micro`` of step ``step``."""
-    size = config.batch_size // (world * config.grad_accum)
+    size = config.batch_size // (world * micro_steps(config, world))
     start = step * config.batch_size + micro * world * size
     return [start + rank + world * j for j in range(size)]
 
@@ -253,10 +265,11 @@ class Recipe:
         from rag_core.train.loaders import load_task
 
         c, d = self.config, self.dist
-        per_rank = c.batch_size / (d.world_size * c.grad_accum)
-        if per_rank != int(per_rank):
+        self.micro_steps = micro_steps(c, d.world_size)
+        per_rank = c.batch_size / (d.world_size * self.micro_steps)
+        if per_rank != int(per_rank) or per_rank < 1:
             raise TrainConfigError(f"batch_size {c.batch_size} is not a multiple of {d.world_size} processes x "
-                                   f"grad_accum {c.grad_accum}; choose a batch_size divisible by their product")
+                                   f"grad_accum {self.micro_steps}; choose a batch_size divisible by their product")
         if c.threads:
             torch.set_num_threads(c.threads)
         self.device = torch.device(c.device if c.device != "auto" else
@@ -282,6 +295,9 @@ class Recipe:
 
             trained, blocks = train_last_blocks(self.model.generator, c.train_generator_layers)
             log.info("generator: training its last %d of %d decoder blocks, the rest frozen", trained, blocks)
+        if c.activation_checkpointing and getattr(self.model.generator, "supports_gradient_checkpointing", False):
+            # non-reentrant: exact with frozen blocks below and inputs that need no gradient
+            self.model.generator.activation_checkpointing_enable({"use_reentrant": False})
         self.trainable = self._freeze_unreached()
         opt = torch.optim.AdamW if c.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = opt([p for _, p in self.trainable], lr=c.lr, eps=c.adam_eps, weight_decay=c.weight_decay,
@@ -382,10 +398,10 @@ class Recipe:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         scale = self.dist.world_size / c.batch_size
-        for micro in range(c.grad_accum):
+        for micro in range(self.micro_steps):
             examples = [self._example(k) for k in
                         micro_positions(self.step, micro, self.dist.rank, self.dist.world_size, c)]
-            sync = micro == c.grad_accum - 1 or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
+            sync = micro == self.micro_steps - 1 or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 loss = self._loss(self.ddp, examples, scale)
                 loss.backward()
@@ -439,7 +455,7 @@ class Recipe:
         """Mean dev NLL per example; the dev set is split over the ranks, the model stays unwrapped."""
         self.model.eval()
         mine = self.dev_examples[self.dist.rank::self.dist.world_size]
-        size = max(1, self.config.batch_size // (self.dist.world_size * self.config.grad_accum))
+        size = max(1, self.config.batch_size // (self.dist.world_size * self.micro_steps))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for start in range(0, len(mine), size):
             total += self._loss(self.model, mine[start: start + size], 1.0).double()

@@ -114,7 +114,7 @@ def _retriever(tiny: SimpleNamespace):
 
 
 def test_gradient_accumulation_equals_the_larger_batch(tiny: SimpleNamespace) -> None:
-    run(make_config(tiny, "runs/accum1", batch_size=8, max_steps=1), tiny.store)
+    run(make_config(tiny, "runs/accum1", batch_size=8, grad_accum=1, max_steps=1), tiny.store)
     run(make_config(tiny, "runs/accum4", batch_size=8, grad_accum=4, max_steps=1), tiny.store)
     assert max_difference(gradients(tiny, "runs/accum1"), gradients(tiny, "runs/accum4")) < 1e-6
     # Adam's step is g / (|g| + eps): float rounding in gradients near eps moves a weight by up to ~1e-5 x lr
@@ -125,6 +125,22 @@ def test_gradient_accumulation_equals_the_larger_batch(tiny: SimpleNamespace) ->
     assert len(moved) > 10 and max(moved) > 1e-4  # the steps changed the weights: the comparison above can fail
     with pytest.raises(TrainConfigError, match="not a multiple of 1 processes x grad_accum 3"):
         run(make_config(tiny, "runs/bad", batch_size=8, grad_accum=3), tiny.store)
+
+
+@pytest.mark.parametrize("generator", ["bart", "llama"])
+def test_the_memory_saving_defaults_give_the_gradient_of_the_whole_batch_at_once(tiny: SimpleNamespace,
+                                                                                  generator: str) -> None:
+    """Defaults: one example per micro-batch, activations recomputed per block; against 8 examples in one pass."""
+    path = getattr(tiny, generator)
+    run(make_config(tiny, f"runs/whole-{generator}", generator=path, batch_size=8, max_steps=1, grad_accum=1,
+                    activation_checkpointing=False), tiny.store)
+    saving = make_config(tiny, f"runs/saving-{generator}", generator=path, batch_size=8, max_steps=1)
+    assert saving.grad_accum is None and saving.activation_checkpointing
+    run(saving, tiny.store)
+    whole, micro = gradients(tiny, f"runs/whole-{generator}"), gradients(tiny, f"runs/saving-{generator}")
+    largest = max(float(g.abs().max()) for g in whole.values())
+    assert largest > 1e-3  # real gradients: the comparison can fail
+    assert max_difference(whole, micro) < 1e-6 * largest, (max_difference(whole, micro), largest)  # float32 rounding
 
 
 def test_resume_is_exact_and_ignores_half_written_checkpoints(tiny: SimpleNamespace) -> None:
