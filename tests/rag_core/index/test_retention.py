@@ -28,6 +28,7 @@ from rag_core.index.versions import (
     read_index_manifest,
     verify_version,
 )
+from rag_core.leases import take_lease
 from rag_core.storage import Store
 from tests.encoderfiles import tiny_encoder
 from tests.passagefiles import publish_passages, sample_passages
@@ -157,3 +158,24 @@ def test_delete_leaves_the_files_a_build_in_progress_may_use(wiki: Path, tmp_pat
                              "is abandoned)")]
     abandoned = collect_garbage(store, now=max(m for _, m in store.files().values()) + 2 * DAY)
     assert set(files) <= set(abandoned.files) and f"indexes/{plan.version}/plan.json" in abandoned.files
+
+
+def test_gc_keeps_what_a_live_lease_protects_and_refuses_a_young_age_unless_asked(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    store.write_bytes(b"part", "passages", "_staging", "dump-x", "s4", "part-00000.parquet")  # an ingest at work
+    store.write_bytes(b"part", "passages", "_staging", "dump-y", "s4", "part-00000.parquet")  # a killed one's
+    later = max(m for _, m in store.files().values()) + 2 * DAY
+
+    with pytest.raises(IndexVersionError, match=r"^gc --older-than 0\.5: below the minimum of 1 hour.*"
+                                                r"add --ignore-min-age"):
+        collect_garbage(store, CleanupConfig(older_than_hours=0.5), now=later)
+    assert len(store.files()) == 2  # refused before anything was looked at
+
+    with take_lease(store, "ingest", "dump-x", protects=["passages/_staging/dump-x/", "passages/dump-x/"],
+                    note="ingest of x.xml"):
+        removed = collect_garbage(store, CleanupConfig(older_than_hours=0, ignore_min_age=True), now=later)
+        assert sorted(removed.files) == ["passages/_staging/dump-y/s4/part-00000.parquet"]
+        assert removed.notes[0].startswith("kept passages/_staging/dump-x: held by the ingest lease dump-x held by ")
+        assert "(ingest of x.xml)" in removed.notes[0]
+    removed = collect_garbage(store, CleanupConfig(older_than_hours=0, ignore_min_age=True), now=later)
+    assert sorted(removed.files) == ["passages/_staging/dump-x/s4/part-00000.parquet"]  # released: a leftover now
