@@ -179,8 +179,8 @@ def add_indexes(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) 
     gc = action("gc", cmd_gc, "remove what killed runs left: unpublished versions, unreferenced embedding files, "
                 "staged passage parts")
     gc.add_argument("--older-than", type=float, metavar="HOURS", help="only what nothing wrote to for this many "
-                    f"hours (default {CleanupConfig.model_fields['older_than_hours'].default:g}, at least "
-                    f"{MIN_AGE_HOURS:g} unless --ignore-min-age); what a running build's lease holds is always kept")
+                    f"hours (default {CleanupConfig.model_fields['older_than_hours'].default:g}); at least "
+                    f"{MIN_AGE_HOURS:g} unless --ignore-min-age; what a running build's lease holds is always kept")
     gc.add_argument("--ignore-min-age", action="store_true", help=f"allow --older-than below {MIN_AGE_HOURS:g}: "
                     "also collects what builds without a lease stopped writing minutes ago (builds holding a live "
                     "lease are still kept)")
