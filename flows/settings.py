@@ -33,6 +33,7 @@ QUIET_ENVIRONMENT = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     # A bar per model load from every worker says nothing; shards log their own progress.
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     # Dask's per-connection INFO lines drown the run's own; warnings still show.
     "DASK_LOGGING__DISTRIBUTED": "warning",
 }

@@ -250,7 +250,7 @@ def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConf
                            "save the tokenizer into the model directory") from exc
     cls = {"context": DPRContextEncoder, "question": DPRQuestionEncoder}.get(dpr_role or "", AutoModel)
     try:
-        model = cls.from_pretrained(str(path), dtype=dtype)
+        model = cls.from_pretrained(str(path), dtype=dtype, use_safetensors=True)
     except Exception as exc:
         raise EncoderError(f"{path}: cannot load the {role} model ({type(exc).__name__}: {str(exc)[:160]}); "
                            "check that the directory holds a complete save_pretrained() output") from exc

@@ -73,7 +73,7 @@ class QuestionEncoder(nn.Module):
         try:  # the saved class (a DPR question tower, or a DPR context tower that also encoded questions)
             archs = json.loads((path / "config.json").read_text()).get("architectures") or ["AutoModel"]
             model_cls = getattr(transformers, archs[0], transformers.AutoModel)
-            model = model_cls.from_pretrained(str(path), dtype=torch.float32)
+            model = model_cls.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True)
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
         except Exception as exc:
             raise EncoderError(f"{path}: cannot load the saved question encoder ({type(exc).__name__}: "
