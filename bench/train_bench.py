@@ -188,9 +188,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=16, help="global batch (the same for 1 and 2 processes; "
                         "the paper: 128; at 8 a step's fixed cost, the all-reduce of every gradient and the optimizer "
                         "step on each rank, weighs twice as much per example)")
-    parser.add_argument("--micro-batch", type=int, default=2, help="examples per micro-batch on each rank, the same "
-                        "for 1 and 2 processes (grad_accum = batch / (processes x micro-batch); keeps a rank's "
-                        "activations small: SmolLM2 ~1.3 GB per example in a micro-batch)")
+    parser.add_argument("--micro-batch", type=int, default=1, help="examples per micro-batch on each rank, the same "
+                        "for 1 and 2 processes (grad_accum = batch / (processes x micro-batch); 1 is the recipe's "
+                        "default, the least memory per rank)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per training run; the first warms up "
                         "(SmolLM2 with 1 thread, batch 16: ~40 s a step on 1 process, so 2 keeps the run near 12 minutes)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -226,6 +226,7 @@ def main() -> int:
                              schedule="constant", output="runs/bench")
         rates: dict[int, list[float]] = {1: [], 2: []}
         rss: dict[str, list[int]] = {"in process": [], "dask": [], "dask worker": []}
+        rank_peaks: dict[int, list[int]] = {1: [], 2: []}  # every rank's peak RSS, by process count
 
         def train(nproc: int, output: str, **launch):
             accum = args.batch_size // (nproc * args.micro_batch)
@@ -238,6 +239,7 @@ def main() -> int:
             for nproc in (1, 2):
                 result, peak = train(nproc, f"runs/r{repeat}-p{nproc}")
                 rates[nproc].append(result.examples_per_s)
+                rank_peaks[nproc] += peak.ranks.values()
                 if nproc == 2:
                     rss["in process"] += peak.ranks.values()
                 print(f"# repeat {repeat + 1}: {nproc} process(es) {result.examples_per_s:.3f} examples/s, "
@@ -268,6 +270,11 @@ def main() -> int:
             eval_seconds.append(evaluate_model(model, dev, batch_size=len(dev),
                                                    max_new_tokens=args.max_new_tokens).seconds_per_example)
         memory = rank_memory(retriever, gen_params + enc_params, args.micro_batch, args.n_docs)
+        from rag_core.index.versions import read_index_manifest
+        from rag_core.train.memory_plan import check_training_memory
+
+        planned = {n: check_training_memory(config.model_copy(update={"grad_accum": args.batch_size // (
+            n * args.micro_batch)}), n, read_index_manifest(store, version), available=float("inf")) for n in (1, 2)}
         info.finish()
 
     ratio = [two / one for one, two in zip(rates[1], rates[2])]
@@ -288,9 +295,14 @@ def main() -> int:
              f"{args.batch_size // (2 * args.micro_batch)} on each of 2), {args.steps} optimizer "
              f"steps per run (figure: the recipe's median over steps 2..{args.steps}), autocast {precision}, "
              f"`torchrun --standalone` (gloo), 1 torch thread per process; {args.repeats} repeats, interleaved."), "",
-             "| processes | training examples/s (min / median / max) | achieved FLOP/s, all processes |",
-             "|---|---|---|",
-             *(f"| {n} | {spread(rates[n])} | {spread([f / 1e9 for f in flops[n]])} G |" for n in (1, 2)), "",
+             ("| processes | training examples/s (min / median / max) | achieved FLOP/s, all processes | "
+              "peak RSS per rank, MiB (min / median / max) | memory plan per rank (rag_core.train.memory_plan) |"),
+             "|---|---|---|---|---|",
+             *(f"| {n} | {spread(rates[n])} | {spread([f / 1e9 for f in flops[n]])} G | "
+               f"{spread([b / 2**20 for b in rank_peaks[n]], '{:.0f}') if rank_peaks[n] else 'not seen'} | "
+               f"{planned[n].per_rank / 2**20:.0f} MiB |" for n in (1, 2)), "",
+             ("Peak RSS: psutil every 0.2 s, each rank of every run (activation checkpointing on, the recipe's "
+              "default)."), "",
              (f"Scaling 2 processes / 1: {spread(ratio, '{:.2f}')}x (goal >= 1.6x: "
              f"{'PASS' if statistics.median(ratio) >= 1.6 else 'FAIL'})."), "",
              (f"FLOP/s = 6 x {(gen_params + enc_params) / 1e6:.1f}M parameters x tokens / time: "
