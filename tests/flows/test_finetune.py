@@ -86,3 +86,16 @@ def test_finetune_refuses_a_task_without_files(tmp_path: Path) -> None:
     result = _cli(env, "finetune", "--task", "nq", "--generator", str(tmp_path))
     assert result.returncode == 2
     assert "--task nq needs --train FILE and --dev FILE" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_evaluation_of_finetune_is_bounded_by_eval_examples(tmp_path: Path) -> None:
+    """The recipe's dev-loss passes read at most --eval-examples dev examples, as the flow's evaluations do."""
+    from flows.cli import build_parser
+    from flows.cli_train import finetune_request
+    from flows.settings import Settings
+
+    generator = save_tiny_llama(tmp_path / "llama")
+    args = build_parser().parse_args(["finetune", "--task", "cloze", "--generator", str(generator),
+                                      "--eval-examples", "4"])
+    request = finetune_request(args, Settings(home=tmp_path / "home"))
+    assert request["eval_examples"] == 4 and request["recipe"]["max_dev_examples"] == 4
