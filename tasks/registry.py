@@ -13,7 +13,8 @@ nobody holds; the version's ``index_pin`` tag names the pin that holds it.
 
 The promotion gate moves the alias ``champion`` to the new version only when
 its headline dev metric beats the current champion's by ``margin`` (or there
-is no champion yet); otherwise the new version gets ``challenger``. The
+is no champion yet) and, when a zero-shot baseline is given, beats that too;
+otherwise the new version gets ``challenger``. The
 decision, with its numbers, is written to the version's tags and to the
 training run.
 """
@@ -101,10 +102,28 @@ def _champion(client: MlflowClient, name: str) -> tuple[str | None, float | None
     return str(champion.version), (float(value) if value is not None else None)
 
 
+def gate(name: str, metric: str, value: float, margin: float, champion_version: str | None,
+         champion_value: float | None, baseline: float | None = None) -> tuple[str, str]:
+    """``(alias, reason)`` for a new version of ``name`` scoring ``value``: champion when it beats its zero-shot
+    ``baseline`` (when given; strictly) and the current champion's value by ``margin`` (or there is none), else
+    challenger."""
+    if baseline is not None and value <= baseline:
+        return CHALLENGER, (f"{metric} {value:.4f} does not beat its zero-shot start's {baseline:.4f}: "
+                            "kept as challenger")
+    if champion_version is None or champion_value is None:
+        return CHAMPION, f"first {name} version with a {metric}: champion"
+    if value >= champion_value + margin:
+        return CHAMPION, (f"{metric} {value:.4f} >= champion v{champion_version}'s {champion_value:.4f} "
+                          f"+ margin {margin}: promoted")
+    return CHALLENGER, (f"{metric} {value:.4f} < champion v{champion_version}'s {champion_value:.4f} "
+                        f"+ margin {margin}: kept as challenger")
+
+
 def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metric: str, value: float,
-             margin: float, store: Store, index_version: str) -> Promotion:
+             margin: float, store: Store, index_version: str, baseline: float | None = None) -> Promotion:
     """Pin ``index_version`` for ``model_uri`` (a logged wikirag model), register it as a new version of
-    ``wikirag-<task>`` carrying its checksum anchor, and gate its promotion; a failed pin registers nothing."""
+    ``wikirag-<task>`` carrying its checksum anchor, and gate its promotion (:func:`gate`; ``baseline``: the
+    zero-shot start's ``metric``, to beat); a failed pin registers nothing."""
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     name = model_name(task)
@@ -129,14 +148,7 @@ def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metri
     if not held:
         unpin_version(store, index_version, pending)
     champion_version, champion_value = _champion(client, name)
-    if champion_version is None or champion_value is None:
-        alias, reason = CHAMPION, f"first {name} version with a {metric}: champion"
-    elif value >= champion_value + margin:
-        alias, reason = CHAMPION, (f"{metric} {value:.4f} >= champion v{champion_version}'s {champion_value:.4f} "
-                                   f"+ margin {margin}: promoted")
-    else:
-        alias, reason = CHALLENGER, (f"{metric} {value:.4f} < champion v{champion_version}'s {champion_value:.4f} "
-                                     f"+ margin {margin}: kept as challenger")
+    alias, reason = gate(name, metric, value, margin, champion_version, champion_value, baseline)
     promotion = Promotion(name, str(version), alias, metric, value, champion_version, champion_value, margin,
                           index_version, reason)
     for key, tag in {"dev_metric": metric, "dev_metric_value": f"{value:.6f}", "index_version": index_version,

@@ -1,0 +1,176 @@
+"""The main job's gate on real questions: ``wikirag-qa`` is promoted only if it beats its zero-shot start.
+
+The held-out questions (rag_core.evaluate.real_questions: the project's written questions, plus
+NQ-open, WebQuestions and CuratedTrec questions answerable from the index when their folder is
+given) are written to the store as a dev and a test file, which the generated-QA stage is
+filtered against. On the test split, the fine-tuned model, the same generator and index before
+fine-tuning (zero-shot) and that generator alone (closed-book) are scored: EM, token F1 and
+answer-in-output. The fine-tuned model is then registered as ``wikirag-qa`` with its test EM,
+and becomes champion only when that beats the zero-shot EM (tasks.registry.gate). A model gated
+before on the same test questions and settings is not evaluated or registered again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from rag_core.evaluate.real_questions import SPLITS, answer_in_output, real_questions
+from rag_core.index.versions import read_index_manifest
+from rag_core.storage import Store
+from rag_core.train.loaders import load_task
+from rag_core.wiki.ingest import read_passages
+from tasks.evaluation import evaluate, load_registered_model
+from tasks.registry import CHAMPION, model_name, register
+from tasks.tracking import MlflowRunLogger
+
+QA_TASK = "qa"  # registered as wikirag-qa
+KEY_TAG, REPORT_TAG = "qa_gate_key", "qa_gate"
+MODELS = ("zero-shot", "fine-tuned", "closed-book")
+
+
+class RealQuestions(BaseModel):
+    """The held-out real questions of one index version, as files on the store."""
+
+    dev: str  # URL of the dev questions (NQ-open jsonl, with their article)
+    test: str
+    counts: dict[str, dict[str, int]]  # source -> split -> questions
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def test_size(self) -> int:
+        return sum(c.get("test", 0) for c in self.counts.values())
+
+
+class ModelScores(BaseModel):
+    em: float
+    f1: float
+    answer_in_output: float
+    examples: int
+
+
+class QAGate(BaseModel):
+    """What the gate measured on the test questions and decided."""
+
+    test_questions: int
+    sources: dict[str, int]  # test questions per source
+    scores: dict[str, ModelScores]  # zero-shot, fine-tuned, closed-book (empty with no test question)
+    name: str
+    version: str
+    alias: str  # champion or challenger, as the gate decided
+    reason: str
+    reused: bool = False
+
+    @property
+    def beat_zero_shot(self) -> bool:
+        return bool(self.scores) and self.scores["fine-tuned"].em > self.scores["zero-shot"].em
+
+
+@task(retries=1, retry_delay_seconds=5)
+def real_question_files(store: Store, index_version: str, qa_dir: str | None) -> RealQuestions:
+    """The real questions answerable from ``index_version``'s articles, split, written once under
+    ``tasks/real-questions/<version>/<digest>/`` on the store."""
+    passages = read_passages(store, read_index_manifest(store, index_version).dump_id, columns=["title", "text"])
+    texts: dict[str, list[str]] = {}
+    for title, text in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist()):
+        texts.setdefault(title, []).append(text or "")
+    items, notes = real_questions({t: " ".join(parts) for t, parts in texts.items()},
+                                  Path(qa_dir) if qa_dir else None)
+    files = {split: "".join(json.dumps({"question": i["question"], "answer": i["answers"], "article": i["article"],
+                                        "source": i["source"]}) + "\n" for i in items if i["split"] == split)
+             for split in SPLITS}
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    urls = {}
+    for split, text in files.items():
+        parts = ("tasks", "real-questions", index_version, digest, f"{split}.jsonl")
+        if not store.exists(*parts):
+            store.write_bytes(text.encode(), *parts)
+        urls[split] = store.url_of(*parts)
+    counts: dict[str, dict[str, int]] = {}
+    for (source, split), n in Counter((i["source"], i["split"]) for i in items).items():
+        counts.setdefault(source, {})[split] = n
+    return RealQuestions(dev=urls["dev"], test=urls["test"], counts=counts, notes=notes)
+
+
+def _scores(evaluation: Any) -> ModelScores:
+    found = [answer_in_output(r["prediction"], r["targets"]) for r in evaluation.predictions]
+    return ModelScores(em=evaluation.scores["em"], f1=evaluation.scores["f1"],
+                       answer_in_output=sum(found) / max(1, len(found)), examples=len(found))
+
+
+def _gated_before(client: MlflowClient, key: str) -> Any | None:
+    try:
+        versions = client.search_model_versions(f"name='{model_name(QA_TASK)}'")
+    except MlflowException:
+        return None
+    return next((v for v in versions if v.tags.get(KEY_TAG) == key), None)
+
+
+def _alias_now(client: MlflowClient, version: Any) -> str:
+    aliases = client.get_model_version(version.name, version.version).aliases
+    return CHAMPION if CHAMPION in aliases else (aliases[0] if aliases else "none")
+
+
+@task(cache_policy=NO_CACHE)
+def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: RealQuestions, source_task: str,
+            source_version: str, run_id: str, zero_shot: Any, settings: dict[str, Any]) -> QAGate:
+    """Score the fine-tuned ``wikirag-<source_task>`` v``source_version``, ``zero_shot`` and closed-book on the test
+    questions, log the scores into the fine-tune's run ``run_id`` and register the model as ``wikirag-qa`` with
+    its test EM, against the zero-shot EM (module docstring); ``settings``: evaluate()'s decoding settings."""
+    log = get_run_logger()
+    client = MlflowClient(tracking_uri=tracking_uri)
+    source = client.get_model_version(model_name(source_task), source_version)
+    test = _test_examples(questions, store)
+    key = hashlib.sha256(json.dumps([source.run_id, questions.test, settings], sort_keys=True).encode()).hexdigest()
+    if (done := _gated_before(client, key)) is not None:
+        report = QAGate.model_validate_json(done.tags[REPORT_TAG])
+        log.info("%s v%s: gated before on the same %d test questions; reusing its scores", done.name, done.version,
+                 report.test_questions)
+        return report.model_copy(update={"alias": _alias_now(client, done), "reused": True})
+    sources = {s: c["test"] for s, c in questions.counts.items() if c.get("test")}
+    if not test:
+        return QAGate(test_questions=0, sources={}, scores={}, name=model_name(QA_TASK), version="",
+                      alias="not registered", reason="no held-out real question is answerable from this index")
+    fine_tuned = load_registered_model(f"models:/{source.name}/{source.version}", tracking_uri)
+    scores = {"zero-shot": _scores(evaluate(zero_shot, test, **settings)),
+              "fine-tuned": _scores(evaluate(fine_tuned, test, **settings)),
+              "closed-book": _scores(evaluate(zero_shot, test, closed_book=True, **settings))}
+    MlflowRunLogger.open(tracking_uri, run_id).log_metrics(
+        {f"test_{m.replace('-', '_')}_{k}": float(v) for m, s in scores.items() for k, v in s.model_dump().items()})
+    promotion = register(tracking_uri, source.source, QA_TASK, run_id=run_id, metric="test_em",
+                         value=scores["fine-tuned"].em, margin=0.0, store=store, index_version=index_version,
+                         baseline=scores["zero-shot"].em)
+    report = QAGate(test_questions=len(test), sources=sources, scores=scores, name=promotion.name,
+                    version=promotion.version, alias=promotion.alias, reason=promotion.reason)
+    client.set_model_version_tag(promotion.name, promotion.version, REPORT_TAG, report.model_dump_json())
+    client.set_model_version_tag(promotion.name, promotion.version, KEY_TAG, key)
+    return report
+
+
+def _test_examples(questions: RealQuestions, store: Store) -> list[Any]:
+    return list(load_task("nq", questions.test, store.options)) if questions.test_size else []
+
+
+@task(cache_policy=NO_CACHE)
+def qa_answers(tracking_uri: str, zero_shot: Any, questions: list[str]) -> tuple[str, list[dict]]:
+    """``(who, answers)``: the ``wikirag-qa`` champion's answers with provenance, loaded by name as a consumer
+    would; the zero-shot model's when there is no champion (who says which)."""
+    from rag_core.model.answers import answer
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    name = model_name(QA_TASK)
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return "zero-shot", answer(zero_shot, questions)
+    model = load_registered_model(f"models:/{name}@{CHAMPION}", tracking_uri)
+    return f"{name} v{champion.version}", answer(model, questions)  # as `wikirag ask --model` answers

@@ -1,0 +1,134 @@
+"""The gate on real questions (tasks/qa_gate.py, tasks.registry.gate) on a real MLflow store, a real index of the
+sample's passages and real (tiny) transformers models: a model that does not beat its zero-shot start on the
+held-out test questions is not champion, and the summary says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from rag_core.evaluate.real_questions import SPLITS, answer_in_output, real_questions, split_of
+from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.model.generators import GeneratorConfig
+from rag_core.model.rag_model import RagConfig, RagModel
+from rag_core.model.retriever import IndexRetriever
+from rag_core.storage import Store
+from rag_core.train.loaders import load_task
+from tasks.qa_gate import QA_TASK, qa_answers, qa_gate, real_question_files
+from tasks.registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
+from tasks.reports import gate_sentence
+from tasks.tracking import tracked_run
+from tests.encoderfiles import save_tiny_bert
+from tests.generatorfiles import save_tiny_llama
+from tests.passagefiles import publish_small_index, sample_passages
+
+QA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "qa"
+
+
+@pytest.fixture(scope="module")
+def small_index(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str, Path, RagModel]:
+    """The sample's first 400 real passages (7 articles) under a tiny BERT, and a RAG model over them (tiny Llama)."""
+    root = tmp_path_factory.mktemp("qa-gate")
+    encoder = Encoder.load(EncoderConfig(path=str(save_tiny_bert(root / "encoder")), dtype="float32"))
+    store = Store(str(root / "store"))
+    version = publish_small_index(store, "d1", sample_passages().slice(0, 400), encoder, shards=2)
+    config = RagConfig(n_docs=2, question_encoder=encoder.config,
+                       generator=GeneratorConfig(path=str(save_tiny_llama(root / "llama"))))
+    model = RagModel.create(config, IndexRetriever.load(store, version))
+    return store, version, model.save_pretrained(root / "rag"), model
+
+
+def _logged(uri: str, store: Store, version: str, model_dir: Path, task: str) -> tuple[str, str]:
+    """(run id, logged model URI) of ``model_dir`` logged into a new run of experiment ``wikirag-<task>``."""
+    with tracked_run(uri, f"wikirag-{task}", "finetune") as run:
+        return run.run_id, log_rag_model(uri, run.run_id, model_dir, store_url=store.url, index_version=version)
+
+
+def _champion(client: MlflowClient, name: str) -> str | None:
+    try:
+        return str(client.get_model_version_by_alias(name, CHAMPION).version)
+    except MlflowException:
+        return None
+
+
+def test_the_gate_refuses_a_worse_model(small_index, tmp_path: Path) -> None:
+    store, version, model_dir, _ = small_index
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    name = model_name(QA_TASK)
+
+    def gated(value: float, zero_shot: float):
+        run_id, model_uri = _logged(uri, store, version, model_dir, QA_TASK)
+        return register(uri, model_uri, QA_TASK, run_id=run_id, metric="test_em", value=value, margin=0.0,
+                        store=store, index_version=version, baseline=zero_shot)
+
+    worse = gated(0.20, zero_shot=0.30)  # the first version, yet below its zero-shot start: no champion at all
+    assert worse.alias == CHALLENGER and "does not beat its zero-shot start's 0.3000" in worse.reason
+    assert _champion(client, name) is None
+    assert "kept as challenger" in client.get_model_version(name, worse.version).tags["promotion"]
+    tie = gated(0.30, zero_shot=0.30)  # equal is not better
+    assert tie.alias == CHALLENGER and _champion(client, name) is None
+    better = gated(0.40, zero_shot=0.30)
+    assert better.alias == CHAMPION and _champion(client, name) == better.version == "3"
+    below_champion = gated(0.35, zero_shot=0.30)  # beats its own start, not the champion
+    assert below_champion.alias == CHALLENGER and "< champion v3's 0.4000" in below_champion.reason
+    assert _champion(client, name) == "3"
+
+
+def test_real_questions_split_and_answerability(wiki: Path) -> None:
+    table = sample_passages().slice(0, 400)
+    texts: dict[str, list[str]] = {}
+    for title, text in zip(table.column("title").to_pylist(), table.column("text").to_pylist()):
+        texts.setdefault(title, []).append(text)
+    articles = {t: " ".join(parts) for t, parts in texts.items()}
+    items, _ = real_questions(articles, QA_DIR if QA_DIR.is_dir() else None)
+    assert {i["source"] for i in items} >= {"written"} and {i["split"] for i in items} == set(SPLITS)
+    for item in items:
+        assert item["split"] == split_of(item["question"]) == split_of(item["question"].upper() + "  ")
+        assert answer_in_output(articles[item["article"]], item["answers"]) == 1.0  # answerable from the index
+        assert answer_in_output(item["question"], item["answers"]) == 0.0  # the question does not give it away
+    written_only, notes = real_questions(articles, None)
+    assert {i["source"] for i in written_only} == {"written"} and "written questions only" in notes[-1]
+    assert [i for i in items if i["source"] == "written"] == written_only  # public sources only add questions
+    assert answer_in_output("It was Aristotle, in 343 BC.", ["aristotle"]) == 1.0
+    assert answer_in_output("Aristotelian", ["Aristotle"]) == 0.0  # whole words
+
+
+def test_a_model_no_better_than_zero_shot_is_registered_but_not_champion(small_index, prefect_server: str,
+                                                                          tmp_path: Path) -> None:
+    """The whole gate on real evaluation: the same weights as the zero-shot start score the same on the held-out
+    test questions, so wikirag-qa is challenger, the demo is answered by the zero-shot model, the summary says so."""
+    store, version, model_dir, start = small_index
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    questions = real_question_files(store, version, str(QA_DIR) if QA_DIR.is_dir() else None)
+    test = [e.input for e in load_task("nq", questions.test)]
+    dev = [e.input for e in load_task("nq", questions.dev)]
+    assert len(test) == questions.test_size > 0 and len(dev) == sum(c.get("dev", 0) for c in questions.counts.values())
+    assert {split_of(q) for q in dev} == {"dev"} and {split_of(q) for q in test} == {"test"}
+
+    run_id, model_uri = _logged(uri, store, version, model_dir, "generated-qa")
+    source = register(uri, model_uri, "generated-qa", run_id=run_id, metric="em", value=0.0, margin=0.0, store=store,
+                      index_version=version)
+    decoding = {"max_new_tokens": 4, "mode": "fast", "precision": "float32"}
+    gate = qa_gate(uri, store, version, questions, "generated-qa", source.version, run_id, start, decoding)
+    assert set(gate.scores) == {"zero-shot", "fine-tuned", "closed-book"}
+    assert all(s.examples == questions.test_size for s in gate.scores.values())
+    assert gate.scores["fine-tuned"].em == gate.scores["zero-shot"].em  # the same weights, the same answers
+    assert not gate.beat_zero_shot and gate.alias == CHALLENGER and _champion(client, model_name(QA_TASK)) is None
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["test_zero_shot_examples"] == metrics["test_fine_tuned_examples"] == questions.test_size
+    assert {"test_closed_book_em", "test_fine_tuned_f1", "test_zero_shot_answer_in_output"} <= set(metrics)
+    sentence = gate_sentence(gate)
+    assert sentence.startswith("The fine-tune did not beat its zero-shot start (test EM ")
+    assert f"on {questions.test_size} held-out questions), so wikirag-qa v{gate.version} is not promoted" in sentence
+
+    again = qa_gate(uri, store, version, questions, "generated-qa", source.version, run_id, start, decoding)
+    assert again.reused and again.version == gate.version and again.scores == gate.scores  # nothing registered again
+    assert len(client.search_model_versions(f"name='{model_name(QA_TASK)}'")) == 1
+
+    who, answers = qa_answers(uri, start, ["Who was the teacher of Alexander the Great?"])
+    assert who == "zero-shot" and answers[0]["provenance"]
