@@ -16,6 +16,8 @@ def cmd_generated_qa(args: argparse.Namespace, settings: Settings) -> int:
     from rag_core.train.generated_qa import GeneratedQAConfig
 
     config = GeneratedQAConfig(**{k: v for k, v in (("shards", args.shards), ("top_k", args.top_k)) if v is not None})
+    if args.reader:
+        config = config.model_copy(update={"reader": "generator", "generator": args.reader})
     held_out_files = [*args.dev, *args.test]
     with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.generated_qa")):
         from flows.generated_qa import generated_qa_on
@@ -38,5 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shards", type=int, help="passage shards mapped on Dask (default 4)")
     p.add_argument("--top-k", type=int, help="round trip: a question must retrieve its passage in the top k "
                    "(default 5)")
+    p.add_argument("--reader", metavar="DIR", help="round trip: also ask the decoder-only generator in DIR to "
+                   "answer each question from its best passage (off by default: CPU generation is slow)")
     p.add_argument("--store", help="store URL (default <home>/store)")
     p.set_defaults(func=cmd_generated_qa)

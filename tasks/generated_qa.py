@@ -79,7 +79,14 @@ def generate_shard(store: Store, plan: GeneratedQAPlan, config: GeneratedQAConfi
     """One passage shard's pairs, filtered against the held-out items and by the round trip."""
     start, stop = shard_rows(plan.n_passages, shard, config.shards)
     passages = read_passage_rows(store, plan.dump_id, start, stop, ["passage_id", "page_id", "title", "text"])
-    found = shard_pairs(passages, shard, index_search(store, plan.index_version), plan.held(), config)
+    read = None
+    if config.reader == "generator":
+        from rag_core.train.generated_qa_reader import generator_reader
+
+        if not config.generator:
+            raise WikiragError("generated QA: the reader check needs a generator folder (config.generator)")
+        read = generator_reader(config.generator)
+    found = shard_pairs(passages, shard, index_search(store, plan.index_version), plan.held(), config, read)
     texts = dict(zip(passages.column("passage_id").to_pylist(), passages.column("text").to_pylist(), strict=True))
     context = [texts[p] for p in found.table.column("passage_id").to_pylist()]
     # The passage text rides along for the gate's offset check; publishing leaves it out.

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,6 +33,7 @@ from pydantic import BaseModel, Field
 from rag_core.evaluate.normalize import normalize_answer
 from rag_core.train.cloze import ClozeConfig, dev_pages, sentences
 from rag_core.train.examples import Example, Provenance
+from rag_core.train.generated_qa_reader import Read, reader_agrees
 from rag_core.train.question_rules import questions
 
 KIND = "generated-qa"
@@ -41,10 +43,10 @@ PAIR_SCHEMA = pa.schema([
     ("rule", pa.string()), ("shard", pa.int32()), ("rank", pa.int32()),
 ])
 # What each filter drops, in the order the filters run, then what is kept.
-COUNTS = ("candidates", "held_out", "not_retrieved", "answer_not_in_top1", "kept")
+COUNTS = ("candidates", "held_out", "not_retrieved", "answer_not_in_top1", "reader_disagrees", "kept")
 
-# Searches questions: for each, the top-k ``(passage_id, text)`` of the index, best first.
-Search = Callable[[Sequence[str], int], list[list[tuple[str, str]]]]
+# Searches questions: for each, the top-k ``(passage_id, title, text)`` of the index, best first.
+Search = Callable[[Sequence[str], int], list[list[tuple[str, str, str]]]]
 
 
 class GeneratedQAConfig(BaseModel):
@@ -53,6 +55,8 @@ class GeneratedQAConfig(BaseModel):
     shards: int = Field(4, ge=1)  # passage shards, mapped in parallel (one task each)
     top_k: int = Field(5, ge=1)  # round trip: the question must retrieve its own passage among the top k
     answer_in_top1: bool = True  # round trip: and the answer must show in the best passage retrieved
+    reader: Literal["off", "generator"] = "off"  # round trip: and the generator must answer it from that passage
+    generator: str | None = None  # the decoder-only generator folder the reader check prompts
     per_passage: int = Field(3, ge=1)  # questions kept from one passage at most (in sentence order)
     seed: int = 0  # decides the held-out (dev) pages
     dev_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # share of pages whose pairs form the dev split
@@ -103,7 +107,7 @@ def passage_pairs(passage_id: str, page_id: int, title: str, text: str, per_pass
     """Up to ``per_passage`` pairs from one passage, in sentence order, with the answer's offsets in ``text``."""
     out: list[dict] = []
     for start, end in sentences(text):
-        for q in questions(text[start:end]):
+        for q in questions(text[start:end], title):
             a, b = start + q.start, start + q.end
             out.append({"id": f"{passage_id}:{a}:{q.rule}", "question": q.question, "answer": text[a:b],
                         "passage_id": passage_id, "page_id": page_id, "title": title, "answer_start": a,
@@ -120,34 +124,40 @@ def candidate_pairs(passages: pa.Table, per_passage: int) -> list[dict]:
 
 
 def round_trip(pairs: list[dict], search: Search, config: GeneratedQAConfig,
-               counts: Counter[str] | None = None) -> list[dict]:
+               counts: Counter[str] | None = None, read: Read | None = None) -> list[dict]:
     """The pairs whose question retrieves its own passage in the top ``top_k`` (and, with ``answer_in_top1``,
-    whose answer shows in the first passage retrieved); ``rank`` (1-based) is added to each kept pair."""
+    whose answer shows in the first passage retrieved; with ``read``, which the reader answers from that passage
+    with the pair's answer); ``rank`` (1-based) is added to each kept pair."""
     counts = counts if counts is not None else Counter()
     found = search([p["question"] for p in pairs], config.top_k) if pairs else []
-    kept = []
+    kept, best = [], []
     for pair, hits in zip(pairs, found, strict=True):
-        ids = [passage_id for passage_id, _ in hits]
+        ids = [passage_id for passage_id, _, _ in hits]
         if pair["passage_id"] not in ids:
             counts["not_retrieved"] += 1
             continue
         answer = normalize_answer(pair["answer"])
-        if config.answer_in_top1 and f" {answer} " not in f" {normalize_answer(hits[0][1])} ":
+        if config.answer_in_top1 and f" {answer} " not in f" {normalize_answer(hits[0][2])} ":
             counts["answer_not_in_top1"] += 1
             continue
         kept.append({**pair, "rank": ids.index(pair["passage_id"]) + 1})
-    return kept
+        best.append((pair["question"], hits[0][1], hits[0][2]))
+    if read is None:
+        return kept
+    agreed = [reader_agrees(pair["answer"], said) for pair, said in zip(kept, read(best), strict=True)]
+    counts["reader_disagrees"] += agreed.count(False)
+    return [pair for pair, ok in zip(kept, agreed, strict=True) if ok]
 
 
 def shard_pairs(passages: pa.Table, shard: int, search: Search, held_out: HeldOut,
-                config: GeneratedQAConfig) -> ShardPairs:
+                config: GeneratedQAConfig, read: Read | None = None) -> ShardPairs:
     """One shard's pipeline: candidates, minus held-out items, minus round-trip failures (module docstring)."""
     counts: Counter[str] = Counter()
     pairs = candidate_pairs(passages, config.per_passage)
     counts["candidates"] = len(pairs)
     fresh = [p for p in pairs if not held_out.holds(p["question"], p["answer"], p["passage_id"], p["title"])]
     counts["held_out"] = len(pairs) - len(fresh)
-    kept = round_trip(fresh, search, config, counts)
+    kept = round_trip(fresh, search, config, counts, read)
     counts["kept"] = len(kept)
     rows = [{**p, "shard": shard} for p in kept]
     return ShardPairs(pa.Table.from_pylist(rows, schema=PAIR_SCHEMA), counts)

@@ -30,6 +30,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance, TaskDataError, examples_jsonl
 from rag_core.model.retriever import RetrieverError
 from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, Search, pair_examples
+from rag_core.train.question_rules import RULES_TEXT
 from rag_core.train.readers import json_array_records, jsonl_records, read_text, tsv_rows
 
 DATASET_DIR = ("tasks", KIND)
@@ -97,16 +98,16 @@ def index_search(store: Store, index_version: str) -> Search:
     encoder = Encoder.load(EncoderConfig(**(manifest.encoder_config or {})))
     check_compatible(manifest.encoder, encoder.fingerprint)
 
-    def search(questions: Sequence[str], k: int) -> list[list[tuple[str, str]]]:
+    def search(questions: Sequence[str], k: int) -> list[list[tuple[str, str, str]]]:
         hits = index.search(encoder.encode_questions(list(questions)), k)
-        return [[(h.passage_id, h.text or "") for h in found] for found in hits]
+        return [[(h.passage_id, h.title or "", h.text or "") for h in found] for found in hits]
 
     return search
 
 
 def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:
-    """12 hex digits naming the recipe and the held-out items it was filtered against."""
-    digest = hashlib.sha256(config.model_dump_json().encode())
+    """12 hex digits naming the recipe, the question rules and the held-out items the pairs were filtered against."""
+    digest = hashlib.sha256(config.model_dump_json().encode() + RULES_TEXT.encode())
     for item in sorted(held.questions) + sorted("\t".join(p) for p in held.answer_places):
         digest.update(item.encode() + b"\n")
     return digest.hexdigest()[:12]

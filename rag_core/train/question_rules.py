@@ -13,7 +13,7 @@ as a question whose answer is one named group of the match:
 | made-by | X was founded/written/... by NAME | Who founded X? | the name |
 | located | X is located in PLACE | Where is X located? | the place |
 | measure | X has a population/area/... of NUMBER [unit] | What is the population of X? | the number |
-| who-did | NAME <verb>ed ... | Who <verb>ed ...? | the name |
+| who-did | [The] NAME <verb>ed ... | Who <verb>ed ...? | the name (one word only if in the title) |
 | how-many | X has NUMBER <things> | How many <things> does X have? | the number |
 | role-of | NAME is the capital/founder/... of Y | What is the capital of Y? | the name |
 | of-is | The capital/founder/... of Y is NAME | What is the capital of Y? | the name |
@@ -113,7 +113,7 @@ RULES: tuple[_Rule, ...] = (
                        rf"(?P<answer>{_DATE.pattern})", "When {be} {subject} {verb}?"),
     _rule("made-by", rf"^{_SUBJECT} (?:was|were) (?P<verb>{'|'.join(_MADE)}) by (?P<answer>{_NAME}){_END}",
           "Who {past} {subject}?"),
-    _rule("who-did", rf"^(?P<answer>{_NAME}) (?P<rest>{_PAST}\b[^,;:()\"“”]*?[\w)])"
+    _rule("who-did", rf"^(?:The )?(?P<answer>{_NAME}) (?P<rest>{_PAST}\b[^,;:()\"“”]*?[\w)])"
                      r"(?=[.;]|, (?:and|but|which|who|where|when|while) )",
           "{wh} {rest}?"),
     _rule("how-many", rf"^{_SUBJECT} (?P<have>has|had) (?:about |approximately |around |over |nearly |more than )?"
@@ -130,6 +130,8 @@ RULES: tuple[_Rule, ...] = (
           "{wh} {be} the {role} of {of}?"),
 )
 RULE_NAMES = tuple(rule.name for rule in RULES)
+# What decides the questions, for the dataset's key: another rule set makes another dataset.
+RULES_TEXT = "\n".join(f"{rule.name}\t{rule.pattern.pattern}\t{rule.template}" for rule in RULES)
 
 
 def names_something(subject: str) -> bool:
@@ -156,7 +158,7 @@ def _is_date(text: str) -> bool:
     return any(w.lower().strip(",") in _MONTHS for w in text.split())
 
 
-def _question(rule: _Rule, match: re.Match[str]) -> str | None:
+def _question(rule: _Rule, match: re.Match[str], title_words: frozenset[str]) -> str | None:
     groups = {k: v for k, v in match.groupdict().items() if v is not None}
     if "subject" in groups:
         if not names_something(groups["subject"]):
@@ -172,7 +174,7 @@ def _question(rule: _Rule, match: re.Match[str]) -> str | None:
     if "rest" in groups:
         name = groups["answer"].split()
         rest = groups["rest"].split()
-        if (len(name) < 2 or name[0].lower() in _NOT_NAME or name[0].lower().endswith("ly") or len(rest) > 16
+        if ((len(name) < 2 and name[0] not in title_words) or name[0].lower() in _NOT_NAME or name[0].lower().endswith("ly") or len(rest) > 16
                 or any(w.lower() in _CLAUSE_WORDS - {"that", "and", "or", "but", "when"} for w in rest)):
             return None  # "The Greeks built", "Eventually Fitzsimmons ran": capitalised because they open the sentence
         groups["wh"] = "What" if any(w.lower() in _THING_WORDS for w in name) else "Who"
@@ -183,16 +185,19 @@ def _question(rule: _Rule, match: re.Match[str]) -> str | None:
     return rule.template.format(**groups)
 
 
-def questions(sentence: str) -> Iterator[Question]:
-    """Every question the rules make of ``sentence``, each with the answer's offsets in it.
+def questions(sentence: str, title: str = "") -> Iterator[Question]:
+    """Every question the rules make of ``sentence`` (from the article ``title``), each with the answer's offsets.
 
-    A question that shows its own answer (once normalised) is left out: it asks nothing.
+    A one-word name opening a sentence is taken for a name only when it is a word of the title ("Lincoln issued
+    ..." in "Abraham Lincoln"); otherwise it may be any capitalised opener. A question that shows its own answer
+    (once normalised) is left out: it asks nothing.
     """
+    title_words = frozenset(w for w in re.findall(r"[\w'’-]+", title) if len(w) > 2 and w[0].isupper())
     for rule in RULES:
         match = rule.pattern.search(sentence)
         if match is None:
             continue
-        text = _question(rule, match)
+        text = _question(rule, match, title_words)
         if text is None:
             continue
         start, end = match.span("answer")

@@ -21,6 +21,7 @@ from rag_core.train.generated_qa import (
     shard_pairs,
     shard_rows,
 )
+from rag_core.train.generated_qa_reader import generator_reader, reader_agrees
 from rag_core.train.generated_qa_store import held_out, held_out_examples, index_search
 from rag_core.train.question_rules import RULE_NAMES, questions
 from rag_core.wiki.ingest import read_passages
@@ -58,6 +59,23 @@ HAND_WORKED = [
 def test_each_rule_makes_its_question_and_answer_span(sentence: str, rule: str, question: str, answer: str) -> None:
     made = [q for q in questions(sentence) if q.rule == rule]
     assert [(q.question, sentence[q.start:q.end]) for q in made] == [(question, answer)]
+
+
+@pytest.mark.parametrize(("sentence", "title", "expected"), [
+    # a one-word name is a name when the article's title has it ...
+    ("Lincoln issued the Emancipation Proclamation in 1863.", "Abraham Lincoln",
+     [("Who issued the Emancipation Proclamation in 1863?", "Lincoln")]),
+    # ... and may be any sentence opener when it does not
+    ("Lincoln issued the Emancipation Proclamation in 1863.", "Alabama", []),
+    ("Later Einstein wrote it.", "Albert Einstein", []),
+    # "The" opens the sentence, not the name; a thing is asked with What
+    ("The Guttmacher Institute estimated the number of abortions.", "Abortion",
+     [("What estimated the number of abortions?", "Guttmacher Institute")]),
+    ("The Greeks built temples.", "Apollo", []),
+])
+def test_who_did_takes_its_name_from_the_sentence_and_the_title(sentence: str, title: str,
+                                                                  expected: list[tuple[str, str]]) -> None:
+    assert [(q.question, sentence[q.start:q.end]) for q in questions(sentence, title)] == expected
 
 
 def test_every_rule_has_a_hand_worked_case() -> None:
@@ -168,3 +186,30 @@ def test_merge_asks_each_question_once_and_splits_by_page(index) -> None:
         by_page.setdefault(row["page_id"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in by_page.values())
     assert {"train", "dev"} == {s for splits in by_page.values() for s in splits}
+
+
+@pytest.mark.parametrize(("answer", "read", "agrees"), [
+    ("Charles of Anjou", "Charles of Anjou", True),
+    ("1945", "in 1945", True),
+    ("the Fields Medal", "Fields Medal", True),  # articles and case aside
+    ("Paris", "Parisian", False),  # whole words only
+    ("1945", "1946", False),
+    ("Kabul", "", False),
+])
+def test_the_reader_agrees_when_it_gives_the_answer_back(answer: str, read: str, agrees: bool) -> None:
+    assert reader_agrees(answer, read) is agrees
+
+
+def test_a_reader_that_does_not_give_the_answer_back_drops_the_pair(index, tmp_path: Path, one_torch_thread) -> None:
+    """A real (tiny, random) decoder-only generator reads each pair's best passage: it never says the answer."""
+    from tests.generatorfiles import save_tiny_llama
+
+    store, search = index
+    pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)[:12]
+    config = GeneratedQAConfig()
+    retrieved = round_trip(pairs, search, config)
+    assert retrieved
+    read = generator_reader(str(save_tiny_llama(tmp_path / "llama")), max_new_tokens=4)
+    counts: Counter[str] = Counter()
+    assert round_trip(pairs, search, config, counts, read) == []
+    assert counts["reader_disagrees"] == len(retrieved)
