@@ -19,6 +19,12 @@ by rules that read only the reply and the question, in this order:
    follows a description: "the founder of sociology, Auguste Comte"), a final full stop, and quotes
    around the whole answer.
 
+:func:`grounded_choice` is the reader's last step for RAG-Sequence: of the candidates ranked by
+p(y|x), the best whose short answer occurs, whole words after SQuAD normalisation, in one of the
+passages the question retrieved; the best overall when none does. A small generator's likelihoods
+favour short, fluent replies whatever the passages say ("Djokovic" over a sentence naming the player
+the passage names); the text of the passages does not.
+
 A word is the question's own when one is a prefix of the other and the shorter has 4 letters
 or more ("land" / "landed"), or when they are equal. A step that would leave nothing is skipped,
 so a reply that is all restatement comes back whole. A reply that is already short comes back as
@@ -28,6 +34,9 @@ it is, apart from the lead-in and the final full stop: the function is idempoten
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+
+from rag_core.evaluate.normalize import normalize_answer
 
 _SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]\"']{2})[.!?]\s+(?=[A-Z\"'(])")
 _LEAD_IN = re.compile(
@@ -156,3 +165,13 @@ def short_answer(reply: str, question: str) -> str:
     if len(text) > 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
         text = text[1:-1].strip()
     return text or " ".join(reply.split())
+
+
+def grounded_choice(answers: Sequence[str], passages: Sequence[str]) -> int:
+    """Index of the first of ``answers`` (best first) found in one of ``passages``; 0 when none is (or none given)."""
+    texts = [f" {normalize_answer(passage)} " for passage in passages]
+    for i, answer in enumerate(answers):
+        needle = normalize_answer(answer)
+        if needle and any(f" {needle} " in text for text in texts):
+            return i
+    return 0

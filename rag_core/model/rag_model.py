@@ -92,7 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from rag_core.index.encoders import EncoderConfig, weights_sha256
-from rag_core.model.extract import short_answer
+from rag_core.model.extract import grounded_choice, short_answer
 from rag_core.model.generators import (
     GeneratorConfig,
     RagModelError,
@@ -127,9 +127,9 @@ class RagConfig(BaseModel):
     title_sep: str = Field(" / ", description="between a passage's title and its text")
     doc_sep: str = Field(" // ", description="between a passage and the question")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="epsilon of the paper's label smoothing")
-    short_answers: bool = Field(True, description="generate() returns each reply's answer span "
-                                                  "(rag_core.model.extract); False: the reply as generated "
-                                                  "(abstractive tasks: Jeopardy, MS-MARCO)")
+    short_answers: bool = Field(True, description="generate() returns each reply's answer span, RAG-Sequence the "
+                                                  "best one found in its passages (rag_core.model.extract); "
+                                                  "False: the best reply as generated (Jeopardy, MS-MARCO)")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
     device: str = Field("cpu", description="torch device for both towers")
@@ -320,7 +320,9 @@ class RagModel(nn.Module):
         :meth:`closed_book`), or a :class:`SearchResult` (by :meth:`search`). RAG-Token: greedy (``num_beams=1``) or beam search over the marginal;
         RAG-Sequence: a beam search per document, candidates ranked by p(y|x), ``mode`` "thorough" or
         "fast". With ``config.short_answers`` each reply is cut to its answer span
-        (:func:`rag_core.model.extract.short_answer`: "The capital of Algeria is Algiers." -> "Algiers").
+        (:func:`rag_core.model.extract.short_answer`: "The capital of Algeria is Algiers." -> "Algiers"),
+        and RAG-Sequence answers with its best candidate whose span is in the question's passages
+        (:func:`rag_core.model.extract.grounded_choice`), its best overall when none is.
         ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
         start token).
         """
@@ -345,16 +347,26 @@ class RagModel(nn.Module):
                 token, sequence = decoding.rag_token_generate, decoding.rag_sequence_generate
             inputs = (self.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores,
                       batch.n_docs)
+            ranked = batch.n_docs * num_beams if self.config.short_answers and self.config.kind == "sequence" else 1
             if self.config.kind == "token":
                 ids = token(*inputs, **settings)  # [b, T]
             else:
-                ids = sequence(*inputs, mode=mode, **settings).sequences  # [b, T]
+                found = sequence(*inputs, mode=mode, num_return_sequences=ranked, **settings)
+                ids = found.sequences  # [b * ranked, T], best first per question
         finally:
             self.train(was_training)
         texts = self.generator_tokenizer.batch_decode(ids[:, 1:], skip_special_tokens=True)  # after the start token
-        if self.config.short_answers:
-            return [short_answer(text, question) for text, question in zip(texts, batch.questions, strict=True)]
-        return [text.strip() for text in texts]
+        if not self.config.short_answers:
+            return [text.strip() for text in texts]
+        answers = []
+        for row, question in enumerate(batch.questions):
+            mine = range(row * ranked, (row + 1) * ranked)
+            if ranked > 1:  # RAG-Sequence's distinct candidates; -inf marks a missing one
+                mine = [i for i in mine if found.scores[i] > -torch.inf] or [row * ranked]
+            shorts = [short_answer(texts[i], question) for i in mine]
+            passages = [f"{title} {text}" for title, text in zip(batch.titles[row], batch.texts[row], strict=True)]
+            answers.append(shorts[grounded_choice(shorts, passages)])
+        return answers
 
     # -- saving and loading --------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> Path:

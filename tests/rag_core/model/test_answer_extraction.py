@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_core.model.extract import short_answer
+from rag_core.model.extract import grounded_choice, short_answer
 
 CASES = [
     # a sentence that restates the question around a copula
@@ -68,3 +68,21 @@ def test_short_answer_is_the_span_a_marker_would_accept(reply: str, question: st
 def test_short_answer_is_idempotent(reply: str, question: str, expected: str) -> None:
     once = short_answer(reply, question)
     assert short_answer(once, question) == once
+
+
+PASSAGES = ["Andre Agassi. Agassi married Steffi Graf in 2001; they have two children.",
+            "Andre Agassi. He won eight Grand Slam titles, the first at Wimbledon in 1992."]
+
+
+def test_grounded_choice_takes_the_best_answer_its_passages_hold() -> None:
+    # best first by p(y|x): a fluent guess the passages do not hold, then the passage's own answer
+    assert grounded_choice(["Djokovic", "Steffi Graf", "Wimbledon"], PASSAGES) == 1
+    assert grounded_choice(["Wimbledon", "Steffi Graf"], PASSAGES) == 0  # both held: the better one
+    assert grounded_choice(["the Steffi Graf"], PASSAGES) == 0  # compared after SQuAD normalisation
+
+
+def test_grounded_choice_falls_back_to_the_best_when_no_passage_holds_an_answer() -> None:
+    assert grounded_choice(["Djokovic", "Federer"], PASSAGES) == 0
+    assert grounded_choice(["Federer", "Agas"], PASSAGES) == 0  # whole words: "Agassi" does not hold "Agas"
+    assert grounded_choice(["Federer", "Graf Steffi"], PASSAGES) == 0  # in the passage's order
+    assert grounded_choice(["Steffi Graf"], []) == 0  # closed book: no passages
