@@ -76,6 +76,10 @@ class LeaseRecord:
         return (f"{self.kind} lease {self.key} held by {self.holder} on {self.host}, pid {self.pid}{what}, "
                 f"heartbeat {age:.0f} s ago (ttl {self.ttl_s:g} s)")
 
+    def held_here(self) -> bool:
+        """Whether this process holds it (its own cleanup may remove what it protects from everyone else)."""
+        return self.host == socket.gethostname() and self.pid == os.getpid()
+
     def covers(self, path: str) -> bool:
         """Whether the store-relative ``path`` (a file, or a folder ending in ``/``) lies under what this protects."""
         return any(fnmatch.fnmatchcase(path, p + "*" if p.endswith("/") else p) or

@@ -164,8 +164,8 @@ def remove_embedding_files(store: Store, paths: Iterable[str], removed: Removed)
 def delete_version(store: Store, version: str, *, force: bool = False) -> Removed:
     """Delete a version (or an unpublished leftover) and the files no other published version references.
 
-    Refused while the version is pinned, while a build's live lease holds its
-    folder, and while LATEST points at it unless ``force`` (LATEST then moves
+    Refused while the version is pinned, while another process's live build
+    lease holds its folder, and while LATEST points at it unless ``force`` (LATEST then moves
     to the newest other version, or goes when none is left). The manifest goes
     first (the version vanishes at once), then its folder, then its embedding
     files that no remaining version references and no live lease protects. A
@@ -176,7 +176,7 @@ def delete_version(store: Store, version: str, *, force: bool = False) -> Remove
     if not folder:
         available = ", ".join(list_versions(store)) or "none"
         raise IndexVersionError(f"{indexes.url}: index version {version} not found; available: {available}")
-    leases = live_leases(store)
+    leases = [lease for lease in live_leases(store) if not lease.held_here()]  # a build may remove its own leftovers
     if (lease := holding_lease(leases, f"{INDEXES_DIR}/{version}/")) is not None:
         raise IndexVersionError(f"{indexes.url}: refusing to delete {version}: a build is writing it ({lease.describe()}); "
                                 "wait until it has finished, or until its lease expires if that run is gone")
@@ -210,7 +210,7 @@ def delete_version(store: Store, version: str, *, force: bool = False) -> Remove
         if held:  # forced: LATEST steps back first, so readers of LATEST never meet a missing version
             rest = [v for v in list_versions(store) if v != version]
             if rest:
-                move_latest(store, rest[-1])
+                move_latest(store, rest[-1], allow_backwards=True)
             else:
                 indexes.remove(LATEST)
         manifest_bytes = indexes.read_bytes(version, MANIFEST)
