@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -117,3 +119,33 @@ def test_two_processes_train_through_one_dask_held_index(tiny: SimpleNamespace) 
     trained = parameters(tiny, "runs/dask-ddp", 1)
     assert max(float((trained[f"generator.{k}"] - v).abs().max()) for k, v in start.items()
                if f"generator.{k}" in trained) > 1e-4  # the step moved the weights: the comparison above can fail
+
+
+def test_a_rank_killed_mid_run_is_reported_in_one_line_with_its_signal_and_peak_memory(tiny: SimpleNamespace) -> None:
+    """A real 2-rank job; the test SIGKILLs rank 1 once its first checkpoint is written (memory is not short here,
+    so it is reported as that signal; the kernel's OOM wording is tested in tests/tasks/test_train_job.py)."""
+    config = make_config(tiny, "runs/rank-killed", batch_size=4, max_steps=10_000, checkpoint_every=1)
+    checkpoints = tiny.store.child("runs/rank-killed/checkpoints")
+    killed: list[int] = []
+
+    def kill_rank_1() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not complete_steps(checkpoints):
+            time.sleep(0.05)
+        time.sleep(1.0)  # at least one sample of the launcher's watch after the rank's first step
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.environ().get("RANK") == "1" and "tasks.train_job" in " ".join(child.cmdline()):
+                    child.send_signal(signal.SIGKILL)
+                    killed.append(child.pid)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    with pytest.raises(TrainingJobError) as failed:
+        launch_training(config, 2, store_url=tiny.store.url, timeout=600)
+    killer.join(timeout=10)
+    assert killed, "rank 1 was never seen running"
+    message = str(failed.value)
+    assert "\n" not in message
+    assert re.fullmatch(r"training job for runs/rank-killed failed: rank 1 was killed by signal 9 \(SIGKILL; peak RSS "
+                        r"\d+\.\d GB of \d+\.\d GB, memory was not short\)", message), message
