@@ -42,7 +42,7 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
     recipe["generator"] = str(resolve_generator(settings.home, args.generator))
     recipe["max_dev_examples"] = args.eval_examples  # the recipe's dev-loss passes too: every evaluation is bounded
     return {"task": args.task, "train": args.train, "dev": args.dev, "recipe": recipe,
-            "eval_examples": args.eval_examples}
+            "eval_examples": args.eval_examples, "decoding": args.decoding, "eval_precision": args.eval_precision}
 
 
 def check_memory(request: dict, args: argparse.Namespace, settings: Settings) -> None:
@@ -101,7 +101,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--n-docs", type=int, help="passages per question (default 5)")
     tune.add_argument("--train-layers", type=int, metavar="N", help="train only the generator's last N decoder "
                       "blocks, freezing the rest (cheaper steps; default: every parameter)")
-    tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated (default 64)")
+    tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated, before and after "
+                      "training and in the recipe's dev loss (default 64)")
+    tune.add_argument("--decoding", choices=["fast", "thorough"], default="fast", help="RAG-Sequence decoding in "
+                      "evaluation, as the main job's (default fast: the paper's Fast Decoding; thorough scores every "
+                      "candidate against every passage, several times slower)")
+    tune.add_argument("--eval-precision", choices=["auto", "float32", "bfloat16"], default="auto", help="evaluation "
+                      "arithmetic (default auto: bf16 autocast where native, as the main job)")
     tune.add_argument("--margin", type=float, default=0.0, help="promotion gate: beat the champion's dev metric by "
                       "this much (default 0)")
     tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "
