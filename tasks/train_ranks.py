@@ -130,7 +130,8 @@ class RankWatch:
         memory = f"peak RSS {peak / GB:.1f} GB of {self.total / GB:.1f} GB"
         if killed.signum == signal.SIGKILL and self.memory_was_short():
             return f"{who} was killed by the kernel (out of memory: {memory}); lower --nproc or --n-docs"
-        return f"{who} was killed by signal {killed.signum} ({signal_name(killed.signum)}; {memory}, memory was not short)"
+        name = signal_name(killed.signum)
+        return f"{who} was killed by signal {killed.signum} ({name}; {memory}, memory was not short)"
 
     def peak_line(self) -> str:
         return ", ".join(f"rank {rank} {peak / GB:.2f} GB" for rank, peak in sorted(self.peaks.items()))
