@@ -85,9 +85,10 @@ def real_question_files(store: Store, index_version: str, qa_dir: str | None) ->
         texts.setdefault(title, []).append(text or "")
     items, notes = real_questions({t: " ".join(parts) for t, parts in texts.items()},
                                   Path(qa_dir) if qa_dir else None)
-    files = {split: "".join(json.dumps({"question": i["question"], "answer": i["answers"], "article": i["article"],
-                                        "source": i["source"]}) + "\n" for i in items if i["split"] == split)
-             for split in SPLITS}
+    files = {split: "".join(json.dumps({"id": f"{i['source']}-{n}", "question": i["question"], "answer": i["answers"],
+                                        "article": i["article"]}) + "\n"
+                            for n, i in enumerate(items) if i["split"] == split)
+             for split in SPLITS}  # the id names the source
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
     urls = {}
     for split, text in files.items():
@@ -122,21 +123,24 @@ def _alias_now(client: MlflowClient, version: Any) -> str:
 
 @task(cache_policy=NO_CACHE)
 def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: RealQuestions, source_task: str,
-            source_version: str, run_id: str, zero_shot: Any, settings: dict[str, Any]) -> QAGate:
+            source_version: str, run_id: str, zero_shot: Any, settings: dict[str, Any], limit: int | None = None
+            ) -> QAGate:
     """Score the fine-tuned ``wikirag-<source_task>`` v``source_version``, ``zero_shot`` and closed-book on the test
     questions, log the scores into the fine-tune's run ``run_id`` and register the model as ``wikirag-qa`` with
-    its test EM, against the zero-shot EM (module docstring); ``settings``: evaluate()'s decoding settings."""
+    its test EM, against the zero-shot EM (module docstring); ``settings``: evaluate()'s decoding settings;
+    ``limit``: the first test questions scored (all when None)."""
     log = get_run_logger()
     client = MlflowClient(tracking_uri=tracking_uri)
     source = client.get_model_version(model_name(source_task), source_version)
-    test = _test_examples(questions, store)
-    key = hashlib.sha256(json.dumps([source.run_id, questions.test, settings], sort_keys=True).encode()).hexdigest()
+    test = _test_examples(questions, store)[:limit]
+    key = hashlib.sha256(json.dumps([source.run_id, questions.test, settings, limit], sort_keys=True).encode()
+                         ).hexdigest()
     if (done := _gated_before(client, key)) is not None:
         report = QAGate.model_validate_json(done.tags[REPORT_TAG])
         log.info("%s v%s: gated before on the same %d test questions; reusing its scores", done.name, done.version,
                  report.test_questions)
         return report.model_copy(update={"alias": _alias_now(client, done), "reused": True})
-    sources = {s: c["test"] for s, c in questions.counts.items() if c.get("test")}
+    sources = dict(Counter(e.id.rsplit("-", 1)[0] for e in test))
     if not test:
         return QAGate(test_questions=0, sources={}, scores={}, name=model_name(QA_TASK), version="",
                       alias="not registered", reason="no held-out real question is answerable from this index")
