@@ -300,9 +300,10 @@ def main() -> int:
              "|---|---|---|---|---|",
              *(f"| {n} | {spread(rates[n])} | {spread([f / 1e9 for f in flops[n]])} G | "
                f"{spread([b / 2**20 for b in rank_peaks[n]], '{:.0f}') if rank_peaks[n] else 'not seen'} | "
-               f"{planned[n].per_rank / 2**20:.0f} MiB |" for n in (1, 2)), "",
-             ("Peak RSS: psutil every 0.2 s, each rank of every run (activation checkpointing on, the recipe's "
-              "default)."), "",
+               f"{planned[n].per_rank / 2**20:.0f} MiB (+ {planned[n].checkpoint / 2**20:.0f} rank 0) |"
+               for n in (1, 2)), "",
+             (f"Peak RSS: psutil every 0.2 s, each rank of every run (rank 0 also writes the final checkpoint); "
+              f"activation checkpointing {'on' if config.activation_checkpointing else 'off'}."), "",
              (f"Scaling 2 processes / 1: {spread(ratio, '{:.2f}')}x (goal >= 1.6x: "
              f"{'PASS' if statistics.median(ratio) >= 1.6 else 'FAIL'})."), "",
              (f"FLOP/s = 6 x {(gen_params + enc_params) / 1e6:.1f}M parameters x tokens / time: "
