@@ -68,7 +68,9 @@ def generated_qa_on(settings: Settings, index_version: str | None, config: Gener
                                                         config=config, held_out_files=held_out_files)
 
 
-def generated_qa_files(store: StoreAccess, index_version: str) -> tuple[str, str]:
-    """``(train_url, dev_url)`` of the index's own generated-QA dataset at the defaults, made now when absent."""
-    outcome = generated_qa(store=store, index_version=index_version)
+def generated_qa_files(store: StoreAccess, index_version: str,
+                       held_out_files: list[str] | None = None) -> tuple[str, str]:
+    """``(train_url, dev_url)`` of the index's own generated-QA dataset at the defaults, made now when absent;
+    ``held_out_files``: the dev and test questions a caller evaluates on, which no pair may repeat."""
+    outcome = generated_qa(store=store, index_version=index_version, held_out_files=held_out_files)
     return outcome.train, outcome.dev

@@ -60,7 +60,7 @@ class GeneratedQAConfig(BaseModel):
     per_passage: int = Field(3, ge=1)  # questions kept from one passage at most (in sentence order)
     seed: int = 0  # decides the held-out (dev) pages
     dev_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # share of pages whose pairs form the dev split
-    min_pairs: int = Field(1, ge=1)  # the gate fails below this many kept pairs
+    min_pairs: int = Field(10, ge=1)  # the gate fails below this many kept pairs (too few to train on)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -30,7 +31,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance, TaskDataError, examples_jsonl
 from rag_core.model.retriever import RetrieverError
 from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, Search, pair_examples
-from rag_core.train.question_rules import RULES_TEXT
+from rag_core.train import question_rules
 from rag_core.train.readers import json_array_records, jsonl_records, read_text, tsv_rows
 
 DATASET_DIR = ("tasks", KIND)
@@ -107,7 +108,8 @@ def index_search(store: Store, index_version: str) -> Search:
 
 def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:
     """12 hex digits naming the recipe, the question rules and the held-out items the pairs were filtered against."""
-    digest = hashlib.sha256(config.model_dump_json().encode() + RULES_TEXT.encode())
+    # This module's rules decide the questions: an edited rule set makes another dataset, never reuses the old one.
+    digest = hashlib.sha256(config.model_dump_json().encode() + Path(question_rules.__file__).read_bytes())
     for item in sorted(held.questions) + sorted("\t".join(p) for p in held.answer_places):
         digest.update(item.encode() + b"\n")
     return digest.hexdigest()[:12]

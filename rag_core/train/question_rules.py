@@ -130,8 +130,6 @@ RULES: tuple[_Rule, ...] = (
           "{wh} {be} the {role} of {of}?"),
 )
 RULE_NAMES = tuple(rule.name for rule in RULES)
-# What decides the questions, for the dataset's key: another rule set makes another dataset.
-RULES_TEXT = "\n".join(f"{rule.name}\t{rule.pattern.pattern}\t{rule.template}" for rule in RULES)
 
 
 def names_something(subject: str) -> bool:
