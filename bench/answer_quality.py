@@ -53,14 +53,14 @@ def main() -> int:
     parser.add_argument("--limit", type=int, help="first N questions only (a quick look)")
     parser.add_argument("--markdown", help="write the tables to this file")
     args = parser.parse_args()
-    info = RunInfo.start()
-
     import torch
+
+    torch.set_num_threads(1)  # s / question on one thread: comparable on a shared machine (and in the header)
+    info = RunInfo.start()
 
     from flows.ask import load_model
     from flows.settings import Settings, quiet_environment
 
-    torch.set_num_threads(1)  # s / question on one thread: comparable on a shared machine
     quiet_environment()
     settings = Settings(**({"home": args.home} if args.home else {}))
     model = load_model(settings, n_docs=args.n_docs, kind="sequence", dtype=args.dtype)
