@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TARGET = ROOT / "docs" / "benchmarks.md"
 ORDER = ["ingest", "embedding", "embedding-amd", "embedding-avx2-amd", "embedding-avx2-intel", "index", "load",
-         "decoding", "answers", "answer_speed", "train", "train-avx2", "train-layers-avx2", "unpadding",
+         "decoding", "answer-quality", "answer_speed", "train", "train-avx2", "train-layers-avx2", "unpadding",
          "unpadding-avx2", "cores", "worker-malloc-avx2", "worker-background-avx2", "exit-avx2", "rebuild-avx2",
          "rebuild-avx2-amd"]
 TITLES = {"ingest": "Ingest", "embedding": "Embedding", "embedding-amd": "Embedding on an AMD EPYC with AVX512-BF16",
           "embedding-avx2-amd": "Embedding on an AMD EPYC held to AVX2",
           "embedding-avx2-intel": "Embedding on an Intel Xeon held to AVX2",
           "prefect-boot": "Local Prefect server boot",
-          "index": "Index", "load": "Search under load", "decoding": "Decoding", "answers": "Answer quality",
+          "index": "Index", "load": "Search under load", "decoding": "Decoding", "answer-quality": "Answer quality (held-out test split)",
           "answer_speed": "Answer speed", "train": "Fine-tuning",
           "train-avx2": "Fine-tuning on an AVX2-only CPU (float32)",
           "train-layers-avx2": "Fine-tuning only the last decoder blocks (AVX2, float32)",
