@@ -83,7 +83,7 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(published_index:
     files, latest, partial = _state(store)
     assert (latest, partial) == before[1:]
     assert [f for f in files if not f.startswith("embeddings/")] == [f for f in before[0] if not f.startswith("embeddings/")]
-    assert main(["indexes", "gc", "--older-than", "0", "--store", str(store)]) == 0
+    assert main(["indexes", "gc", "--older-than", "0", "--ignore-min-age", "--store", str(store)]) == 0
     capsys.readouterr()
     assert _state(store) == before
 
