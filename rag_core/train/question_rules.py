@@ -172,8 +172,9 @@ def _question(rule: _Rule, match: re.Match[str], title_words: frozenset[str]) ->
     if "rest" in groups:
         name = groups["answer"].split()
         rest = groups["rest"].split()
-        if ((len(name) < 2 and name[0] not in title_words) or name[0].lower() in _NOT_NAME or name[0].lower().endswith("ly") or len(rest) > 16
-                or any(w.lower() in _CLAUSE_WORDS - {"that", "and", "or", "but", "when"} for w in rest)):
+        opener = name[0].lower()
+        if ((len(name) < 2 and name[0] not in title_words) or opener in _NOT_NAME or opener.endswith("ly")
+                or len(rest) > 16 or any(w.lower() in _CLAUSE_WORDS - {"that", "and", "or", "but", "when"} for w in rest)):
             return None  # "The Greeks built", "Eventually Fitzsimmons ran": capitalised because they open the sentence
         groups["wh"] = "What" if any(w.lower() in _THING_WORDS for w in name) else "Who"
     if "role" in groups:
