@@ -24,7 +24,7 @@ from typing import Any
 import faiss
 import numpy as np
 import pyarrow as pa
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
 from rag_core.errors import WikiragError
 from rag_core.index.manifest import IndexManifest
@@ -50,30 +50,13 @@ from rag_core.model.retriever import (
     stored_vectors,
 )
 from rag_core.storage import Store
+from tasks.dask_waits import DaskWaitTimeoutError, wait_within  # noqa: F401  (DaskWaitTimeoutError: callers catch it here)
 
 _COLUMNS = ("passage_id", "title", "text")
 # Waits on workers end here, with one line, instead of hanging on a stuck or lost worker: loading reads each
 # shard from the store (gigabytes for a large version); a search is one batch of questions on every shard.
 LOAD_TIMEOUT_S = 3600.0
 SEARCH_TIMEOUT_S = 600.0
-
-
-class DaskWaitTimeoutError(WikiragError):
-    """Dask tasks of one stage were not done within that stage's limit."""
-
-
-def wait_within(futures: list[Future], stage: str, timeout_s: float, *, raise_with: str,
-                return_when: str = "ALL_COMPLETED") -> None:
-    """``distributed.wait`` (with the current client) bounded by ``timeout_s``; past it, one line naming ``stage``
-    and, in ``raise_with``, the setting that raises the limit."""
-    try:
-        wait(futures, timeout=timeout_s, return_when=return_when)
-    except TimeoutError as exc:  # distributed's TimeoutError is the built-in one
-        pending = sum(not f.done() for f in futures)
-        raise DaskWaitTimeoutError(
-            f"{stage}: {pending} of {len(futures)} Dask tasks not done after {timeout_s:g} s; check that the "
-            f"cluster's workers are alive and not overloaded (its dashboard), or raise {raise_with}"
-        ) from exc
 
 
 @dataclass

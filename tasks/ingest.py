@@ -27,6 +27,7 @@ from rag_core.wiki.ingest import (
 )
 from rag_core.wiki.multistream import StreamShard, check_layout, iter_shard_pages, plan_shards, read_index
 from rag_core.wiki.passages import PageCounts, passages_from_pages
+from tasks.dask_waits import wait_within
 from tasks.quality import artifact_key
 
 
@@ -55,6 +56,8 @@ def retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
 
 
 io_task = task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_bad_input)
+# One batch of pages (IngestConfig.batch_pages) is cleaned in seconds; an hour means a stuck or lost worker.
+BATCH_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -142,7 +145,7 @@ def ingest_stream(dump: DumpSource, store: Store, plan: DumpPlan, config: Ingest
     its own worker cleans batches too; at most two batches per worker are in
     flight, which keeps memory flat however large the dump.
     """
-    from distributed import wait, worker_client
+    from distributed import worker_client
 
     records: dict[int, dict[str, Any]] = {}
     with worker_client() as client:
@@ -160,7 +163,8 @@ def ingest_stream(dump: DumpSource, store: Store, plan: DumpPlan, config: Ingest
                 pending.append(client.submit(clean_and_stage, part, batch, store, plan, config, pure=False))
             batch, part = [], part + 1
             while len(pending) >= limit:
-                wait(list(pending), return_when="FIRST_COMPLETED")
+                wait_within(list(pending), f"ingest of {dump.url}: cleaning page batches", BATCH_TIMEOUT_S,
+                            raise_with="tasks.ingest.BATCH_TIMEOUT_S", return_when="FIRST_COMPLETED")
                 while pending and pending[0].done():
                     record = pending.popleft().result()
                     records[record["part"]] = record
@@ -171,6 +175,8 @@ def ingest_stream(dump: DumpSource, store: Store, plan: DumpPlan, config: Ingest
                 flush()
         if batch or part == 0:
             flush()
+        wait_within(list(pending), f"ingest of {dump.url}: cleaning page batches", BATCH_TIMEOUT_S,
+                    raise_with="tasks.ingest.BATCH_TIMEOUT_S")
         for future in pending:
             record = future.result()
             records[record["part"]] = record
