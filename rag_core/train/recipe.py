@@ -197,6 +197,10 @@ def trajectory_key(config: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
+# Tasks whose target is a sentence or a question, not a span: their replies are kept whole.
+FREE_FORM_TASKS = frozenset({"msmarco", "jeopardy"})
+
+
 def initial_model(config: TrainConfig, retriever: Any, device: str = "cpu") -> Any:
     """The RagModel a run starts from (its zero-shot baseline): the generator and question tower as loaded."""
     from rag_core.index.manifest import IndexManifest
@@ -208,7 +212,7 @@ def initial_model(config: TrainConfig, retriever: Any, device: str = "cpu") -> A
     rag = RagConfig(kind=config.kind, n_docs=config.n_docs, max_context_length=config.max_context_length,
                     max_answer_length=config.max_answer_length, label_smoothing=config.label_smoothing,
                     question_encoder=encoder, generator=GeneratorConfig(path=config.generator, dtype="float32"),
-                    device=device)
+                    short_answers=config.task not in FREE_FORM_TASKS, device=device)
     model = RagModel.create(rag, retriever)
     if config.dropout is not None:
         set_dropout(model, config.dropout)
