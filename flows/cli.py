@@ -22,6 +22,7 @@ import signal
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -249,12 +250,26 @@ def train_layers(value: str) -> int | str:
     return int(value)
 
 
+PUBLIC_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa"  # beside a project checkout
+
+
+def public_questions(given_dir: str | None) -> str | None:
+    """``--public-questions``: the folder given (it must exist), else PUBLIC_QUESTIONS when present, else None."""
+    if given_dir is None:
+        return str(PUBLIC_QUESTIONS) if PUBLIC_QUESTIONS.is_dir() else None
+    if not Path(given_dir).is_dir():
+        raise WikiragError(f"--public-questions {given_dir}: no such folder; give one holding nq_open/, "
+                           "webquestions/ or curatedtrec/, or leave it out")
+    return given_dir
+
+
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded defaults: the real sample to a registered model answering questions."""
     from flows.models import fetch_default_generator, resolve_generator
     from flows.prefect_api import prefect_api, workspace_server
     from flows.sample import fetch_sample
 
+    qa_dir = public_questions(args.public_questions)  # a wrong folder stops here, before anything runs
     _log_hardware()
     persistent = os.environ.get("PREFECT_API_URL") or workspace_server(settings.prefect_home)
     inputs: dict[str, str] = {}
@@ -271,7 +286,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
              **({"Prefect UI": persistent.removesuffix("/api")} if persistent else
                 {"Prefect UI (a server kept for the next runs)": "wikirag server start"}),
-             "ask the model": 'wikirag ask --model models:/wikirag-cloze@champion "your question"'}
+             "ask the model": 'wikirag ask --model models:/wikirag-qa@champion "your question"'}
     with prefect_api(settings.prefect_home, meanwhile=fetch_inputs):
         from flows.pipeline import ShortRun, pipeline
 
@@ -281,6 +296,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                            tracking_uri=settings.tracking_uri, generator=inputs["generator"],
                            report_dir=str(settings.home / "reports"),
                            run=ShortRun(**short_run_fields(args)), nproc=args.nproc,
+                           public_questions=qa_dir,
                            dask_address=settings.dask_address, workers=settings.workers, where=where)
     print(summary.markdown)
     return 0
@@ -422,8 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--home", help=f"workspace directory (default $WIKIRAG_HOME or {default(Settings, 'home')})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="the main job on the embedded defaults: the real sample dump to an index, a "
-                         "fine-tuned and registered model, and its answers (fetches the sample and the generator)")
+    run = sub.add_parser("run", help="the main job on the embedded defaults: the real sample dump to an index, "
+                         "question-answer pairs generated from it, a fine-tuned wikirag-qa model gated on real "
+                         "held-out questions, and its answers (fetches the sample and the generator)")
     add_engine(run)
     run.add_argument("--max-steps", type=int, help="fine-tuning steps (default 24: minutes on 2 cores)")
     run.add_argument("--train-layers", type=train_layers, metavar="N|all", help="generator decoder blocks the "
@@ -434,6 +451,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "SmolLM2-135M-Instruct, fetched once by `wikirag models fetch`)")
     run.add_argument("--dump", metavar="PATH", help="a Wikipedia dump (path or URL, as `ingest` takes) to run on "
                      "instead of the fetched sample")
+    run.add_argument("--public-questions", metavar="DIR", help="a folder of NQ-open/WebQuestions/CuratedTrec "
+                     "files (nq_open/, webquestions/, curatedtrec/) whose questions the index answers join the "
+                     "written ones that gate wikirag-qa (default: ../shared/data/qa beside the checkout, when "
+                     "present)")
     run.set_defaults(func=cmd_run)
     add_ingest(sub)
     add_index_rebuild(sub)

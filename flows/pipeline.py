@@ -1,21 +1,28 @@
 """The ``pipeline`` flow, wikirag's main job: a dump to a registered model that answers questions.
 
-index_rebuild (ingest, embed, index, every gate, publish) -> finetune (cloze questions drawn
-from the new index's passages, plus any task files given; N DDP processes; zero-shot and
-fine-tuned evaluation; registry and promotion gate) -> the champion answers a few questions
-with provenance, beside the generator before fine-tuning -> plots (metrics per task, retrieval
-recall@k, training loss; PNG files, also in MLflow) and a summary (also a Prefect artifact).
+index_rebuild (ingest, embed, index, every gate, publish) -> the real held-out questions the new
+index can answer (tasks/qa_gate.py: the project's written questions, plus NQ-open, WebQuestions
+and CuratedTrec ones when their folder is given), split dev / test -> generated QA from the
+index's own passages, filtered against them (flows/generated_qa.py) -> finetune on it
+(``wikirag-generated-qa``: N DDP processes, its own gate on generated dev questions) -> the gate
+on real questions: zero-shot vs fine-tuned vs closed-book on the test split, and ``wikirag-qa``
+registered, champion only if it beats its zero-shot start -> the ``wikirag-qa`` champion (or the
+zero-shot model, when none beat it) answers a few questions with provenance -> plots and a
+summary (also a Prefect artifact).
 
-A second run reuses what exists: the published passages and vectors of an unchanged dump, and
-a model registered from the same recipe, data and index version.
+A second run reuses what exists: the published passages, vectors and generated QA of an
+unchanged dump, a model registered from the same recipe, data and index version, and its gate.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prefect import flow, task
 from pydantic import BaseModel, Field
 
 from flows.finetune import FinetuneOutcome, FinetuneRequest, finetune
+from flows.generated_qa import generated_qa
 from flows.index_rebuild import index_rebuild
 from flows.ingest import dask_runner
 from flows.settings import StoreAccess, quiet_environment
@@ -23,6 +30,7 @@ from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
+from tasks.qa_gate import QAGate, RealQuestions, qa_answers, qa_gate, real_question_files
 from tasks.reports import publish_summary, retrieval_recall, summary_markdown, write_plots
 
 quiet_environment()
@@ -45,17 +53,22 @@ class ShortRun(BaseModel):
     # last 10: 13.4) at about 2/3 of the step time (bench/train_layers_bench.py)
     train_layers: int | None = Field(15, ge=1, description="generator decoder blocks trained (the last ones); "
                                                            "None = every parameter")
-    eval_examples: int = Field(16, ge=1, description="dev questions evaluated, zero-shot and fine-tuned")
-    max_new_tokens: int = Field(12, ge=1, description="answer tokens generated in evaluation (cloze spans are short)")
-    cloze_passages: int = Field(2000, ge=1, description="passages the cloze questions are drawn from")
+    eval_examples: int = Field(8, ge=1, description="generated dev questions evaluated, zero-shot and fine-tuned "
+                                                    "(the fine-tune's own gate; the real questions gate wikirag-qa)")
+    # Each is answered three times (zero-shot, fine-tuned, closed-book): 40 of the sample's 70 keeps the gate
+    # to about a third of the main job on 2 cores
+    gate_questions: int = Field(40, ge=1, description="held-out real test questions the wikirag-qa gate scores")
+    max_new_tokens: int = Field(12, ge=1, description="answer tokens generated in evaluation (short answers)")
 
 
 class PipelineSummary(BaseModel):
     index_version: str
     passages: int
     outcomes: list[FinetuneOutcome]
+    questions: RealQuestions  # the held-out real questions
+    gate: QAGate  # zero-shot vs fine-tuned vs closed-book on their test split, and what was promoted
+    answered_by: str  # "wikirag-qa v<n>" (the champion) or "zero-shot"
     answers: list[dict]
-    zero_shot_answers: list[dict] = Field(default_factory=list)  # the generator before fine-tuning, same questions
     plots: list[str]
     markdown: str
 
@@ -68,55 +81,48 @@ def index_facts(store: StoreAccess, version: str) -> int:
 
 
 @task
-def champion_answers(tracking_uri: str, task_kind: str, questions: list[str]) -> list[dict]:
-    """The registered champion, loaded by name as a consumer would, answering ``questions`` with provenance."""
-    from rag_core.model.answers import answer
-    from tasks.evaluation import load_registered_model
-
-    model = load_registered_model(f"models:/wikirag-{task_kind}@champion", tracking_uri)
-    return answer(model, questions)  # as `wikirag ask --model` answers
-
-
-@task
-def zero_shot_answers(store: StoreAccess, version: str, generator: str, questions: list[str],
-                      n_docs: int) -> list[dict]:
-    """The same generator and index before fine-tuning, answering the same questions: what the champion changed.
-
-    The cloze champion learns to fill a masked span and answers questions with one (often a number), while the
-    instruction-tuned generator it started from answers in a sentence; the summary shows both.
-    """
+def zero_shot_model(store: StoreAccess, version: str, generator: str, n_docs: int) -> Any:
+    """The generator and index before fine-tuning, as `wikirag ask` answers with them."""
     from flows.ask import untrained_model
-    from rag_core.model.answers import answer
 
-    return answer(untrained_model(store.store(), version, generator, n_docs=n_docs), questions)  # as `wikirag ask`
+    return untrained_model(store.store(), version, generator, n_docs=n_docs)
 
 
 @flow(name="pipeline", validate_parameters=True)
 def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, report_dir: str,
              run: ShortRun = ShortRun(),  # noqa: B008 - pydantic defaults are immutable values here
              tasks: list[FinetuneRequest] | None = None, nproc: int = 2, questions: list[str] | None = None,
-             dask_address: str | None = None, workers: int | None = None, where: dict[str, str] | None = None,
-             ) -> PipelineSummary:
-    """The main job (module docstring); ``tasks``: more task files to fine-tune on besides the cloze task."""
-    version = index_rebuild.with_options(task_runner=dask_runner(dask_address, workers))(
+             public_questions: str | None = None, dask_address: str | None = None, workers: int | None = None,
+             where: dict[str, str] | None = None) -> PipelineSummary:
+    """The main job (module docstring); ``tasks``: more task files to fine-tune on besides generated QA;
+    ``public_questions``: a folder with nq_open/, webquestions/ and curatedtrec/ (None: written questions only)."""
+    runner = dask_runner(dask_address, workers)
+    version = index_rebuild.with_options(task_runner=runner)(
         ingest_config=IngestConfig(dump=dump), store=store, embed=EMBED, index=IndexConfig(),
         gate=GateConfig())
+    held_out = real_question_files(store.store(), version, public_questions)
+    qa_data = generated_qa.with_options(task_runner=runner)(store=store, index_version=version,
+                                                            held_out_files=[held_out.dev, held_out.test])
     recipe = {"generator": generator, "max_steps": run.max_steps, "batch_size": run.batch_size, "lr": run.lr,
               "n_docs": run.n_docs, "max_context_length": run.max_context_length,
               "train_generator_layers": run.train_layers, "checkpoint_every": 0,
               "max_dev_examples": 16, "kind": "sequence"}
-    requests = [FinetuneRequest(task="cloze", recipe=recipe, eval_examples=run.eval_examples,
-                                max_new_tokens=run.max_new_tokens, decoding="fast", eval_precision="auto",
-                                cloze={"max_passages": run.cloze_passages}),
+    decoding = {"max_new_tokens": run.max_new_tokens, "mode": "fast", "precision": "auto"}
+    requests = [FinetuneRequest(task="generated-qa", train=qa_data.train, dev=qa_data.dev, recipe=recipe,
+                                eval_examples=run.eval_examples, max_new_tokens=run.max_new_tokens,
+                                decoding="fast", eval_precision="auto"),
                 *[t.model_copy(update={"recipe": {**recipe, **t.recipe}}) for t in tasks or []]]
     outcomes = finetune(requests, store, tracking_uri, version, nproc)
-    asked = list(questions or SAMPLE_QUESTIONS)
-    answers = champion_answers(tracking_uri, "cloze", asked)
-    before = zero_shot_answers(store, version, generator, asked, run.n_docs)
+    start = zero_shot_model(store, version, generator, run.n_docs)
+    qa = outcomes[0]
+    gate = qa_gate(tracking_uri, store.store(), version, held_out, qa.task, qa.model_version, qa.run_id, start,
+                   decoding, run.gate_questions)
+    answered_by, answers = qa_answers(tracking_uri, start, list(questions or SAMPLE_QUESTIONS))
     recall = {o.task: retrieval_recall(store.store(), version, o.task, o.dev, store.options(o.dev))
               for o in outcomes if o.dev}
     plots = write_plots(tracking_uri, outcomes, recall, report_dir)
     passages = index_facts(store, version)
-    markdown = publish_summary(summary_markdown(version, passages, outcomes, answers, plots, where or {}, before))
-    return PipelineSummary(index_version=version, passages=passages, outcomes=outcomes, answers=answers,
-                           zero_shot_answers=before, plots=plots, markdown=markdown)
+    markdown = publish_summary(summary_markdown(version, passages, outcomes, held_out, gate, answered_by, answers,
+                                                plots, where or {}))
+    return PipelineSummary(index_version=version, passages=passages, outcomes=outcomes, questions=held_out,
+                           gate=gate, answered_by=answered_by, answers=answers, plots=plots, markdown=markdown)

@@ -133,29 +133,59 @@ def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[s
     return [str(p) for p in made]
 
 
-def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], answers: Sequence[dict[str, Any]],
-                     plots: Sequence[str], where: dict[str, str],
-                     zero_shot: Sequence[dict[str, Any]] = ()) -> str:
-    """The main job's summary; ``zero_shot``: the same questions answered by the generator before fine-tuning."""
+MODEL_ROWS = {"zero-shot": "zero-shot RAG (the start)", "fine-tuned": "fine-tuned RAG", "closed-book":
+              "closed-book (generator alone)"}
+
+
+def gate_sentence(gate: Any) -> str:
+    """The gate's decision on real questions, in one plain sentence with its numbers."""
+    if not gate.scores:
+        return f"{gate.reason}, so {gate.name} was not registered."
+    zero, tuned = gate.scores["zero-shot"], gate.scores["fine-tuned"]
+    numbers = f"test EM {tuned.em:.3f} vs its zero-shot start's {zero.em:.3f} on {gate.test_questions} held-out questions"
+    model = f"{gate.name} v{gate.version}"
+    if not gate.beat_zero_shot:
+        return f"The fine-tune did not beat its zero-shot start ({numbers}), so {model} is not promoted ({gate.alias})."
+    if gate.alias == "champion":
+        return f"{model} is champion: the fine-tune beat its zero-shot start ({numbers})."
+    return f"{model} beat its zero-shot start ({numbers}) but not the current champion, so it is {gate.alias}: {gate.reason}."
+
+
+def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], questions: Any, gate: Any,
+                     answered_by: str, answers: Sequence[dict[str, Any]], plots: Sequence[str],
+                     where: dict[str, str]) -> str:
+    """The main job's summary: the fine-tunes, the gate on real held-out ``questions`` (``gate``: tasks.qa_gate's
+    QAGate) and the demo ``answers`` (``answered_by``: the champion, or "zero-shot")."""
     lines = ["# wikirag: the main job", "", f"Index **{version}**: {passages:,} passages, now LATEST.", "",
+             "## Fine-tuning (each task's own dev questions)", "",
              "| task | dev metric | zero-shot | fine-tuned | model | alias | steps |", "|---|---|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.task} | {o.metric} | {o.zero_shot:.3f} | {o.fine_tuned:.3f} | wikirag-{o.task} "
                      f"v{o.model_version} | {o.alias} | {o.steps} |")
-    lines += ["", "## Questions answered by the champion", ""]
-    before = {item["question"]: item for item in zero_shot}
+    counts = ", ".join(f"{source} {sum(c.values())}" for source, c in questions.counts.items()) or "none"
+    dev = sum(c.get("dev", 0) for c in questions.counts.values())
+    scored = ", ".join(f"{source} {n}" for source, n in gate.sources.items())
+    lines += ["", "## The gate on real questions, held out from training", "",
+              f"Real human-written questions answerable from this index: {counts} (sources used); "
+              f"{dev} in the dev split, {questions.test_size} in the test split, of which {gate.test_questions} "
+              f"({scored or 'none'}) gate {gate.name}. Generated QA is filtered against both splits and no training "
+              "reads them."]
+    lines += [f"- note: {note}" for note in questions.notes]
+    if gate.scores:
+        lines += ["", "| model (test split) | EM | F1 | answer-in-output | n |", "|---|---|---|---|---|"]
+        lines += [f"| {MODEL_ROWS[m]} | {s.em:.3f} | {s.f1:.3f} | {s.answer_in_output:.3f} | {s.examples} |"
+                  for m, s in gate.scores.items()]
+    lines += ["", gate_sentence(gate)]
+    if answered_by == "zero-shot":
+        lines += ["", "## Questions answered by the zero-shot model", "",
+                  f"No {gate.name} champion (no fine-tune has beaten its zero-shot start), so the generator and "
+                  "index before fine-tuning answer:", ""]
+    else:
+        lines += ["", f"## Questions answered by the champion, {answered_by}", ""]
     for item in answers:
         lines.append(f"- **{item['question']}** → {item['answer']!r}")
         for p in item["provenance"][:3]:
             lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f})")
-        if (start := before.get(item["question"])) is not None:
-            source = f" (from {start['provenance'][0]['title']})" if start["provenance"] else ""
-            lines.append(f"  - before fine-tuning: {start['answer']!r}{source}")
-    if zero_shot and any(o.task == "cloze" for o in outcomes):
-        lines += ["", "The cloze champion was fine-tuned to fill in a masked date, number or name, so it answers with "
-                  "such a span; the lines \"before fine-tuning\" are the same generator and index untrained. For "
-                  "question answering, fine-tune on a QA task: `wikirag finetune --task nq --train FILE --dev FILE` "
-                  "(README, Fine-tuning)."]
     lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
     lines += [f"- plot: `{p}`" for p in plots]
     return "\n".join(lines) + "\n"

@@ -301,31 +301,53 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert "hardware: CPU " in proc.stderr and "torch capability " in proc.stderr  # the machine, then the dtype
     assert "model dtype float32 on cpu: " in proc.stderr or "model dtype bfloat16 on cpu: " in proc.stderr
     summary = proc.stdout
-    assert "| cloze | em |" in summary and "wikirag-cloze v1 | champion | 2 |" in summary
+    # Fine-tuned on QA generated from the new index's passages (its own gate on generated dev questions) ...
+    assert "| generated-qa | em |" in summary and "wikirag-generated-qa v1 | champion | 2 |" in summary
+    # ... then gated on the real held-out questions that these 14 articles answer: wikirag-qa is champion only if
+    # it beats its zero-shot start there, and the summary says which with the numbers.
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    qa = client.get_model_version("wikirag-qa", "1")
+    gate = json.loads(qa.tags["qa_gate"])
+    metrics = client.get_run(qa.run_id).data.metrics
+    n = gate["test_questions"]
+    assert n > 0 and gate["sources"]["written"] > 0 and metrics["test_fine_tuned_examples"] == n
+    assert "Real human-written questions answerable from this index: written " in summary
+    for row in ("zero-shot RAG (the start)", "fine-tuned RAG", "closed-book (generator alone)"):
+        assert f"| {row} | " in summary and summary.split(f"| {row} | ", 1)[1].split("\n", 1)[0].endswith(f" | {n} |")
+    zero_shot, fine_tuned = metrics["test_zero_shot_em"], metrics["test_fine_tuned_em"]
+    assert (fine_tuned, zero_shot) == (gate["scores"]["fine-tuned"]["em"], gate["scores"]["zero-shot"]["em"])
+    if fine_tuned > zero_shot:
+        assert client.get_model_version_by_alias("wikirag-qa", "champion").version == "1"
+        assert "wikirag-qa v1 is champion: the fine-tune beat its zero-shot start" in summary
+        assert "## Questions answered by the champion, wikirag-qa v1" in summary
+    else:
+        assert "champion" not in client.get_registered_model("wikirag-qa").aliases
+        assert (f"The fine-tune did not beat its zero-shot start (test EM {fine_tuned:.3f} vs its zero-shot start's "
+                f"{zero_shot:.3f} on {n} held-out questions), so wikirag-qa v1 is not promoted") in summary
+        assert "## Questions answered by the zero-shot model" in summary
     teacher = summary.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
-    assert teacher[1].startswith("  - Aristotle (")  # the champion's most probable passage is Aristotle's
-    # Beside it, the generator before fine-tuning: what `wikirag ask` answers with the same generator and index.
-    asked = _cli("ask", "--generator", str(llama), "--n-docs", "2", "--json", "Who was the teacher of Alexander the "
-                 "Great?", env=env)
-    assert asked.returncode == 0, asked.stderr[-3000:]
-    before = json.loads(asked.stdout)
-    assert f"  - before fine-tuning: {before['answer']!r} (from {before['provenance'][0]['title']})" in teacher
-    assert "The cloze champion was fine-tuned to fill in a masked date, number or name" in summary
+    assert teacher[1].startswith("  - Aristotle (")  # the answering model's most probable passage is Aristotle's
+    if fine_tuned <= zero_shot:  # the zero-shot model answers as `wikirag ask` does with the same generator and index
+        asked = _cli("ask", "--generator", str(llama), "--n-docs", "2", "--json", "Who was the teacher of Alexander "
+                     "the Great?", env=env)
+        assert asked.returncode == 0, asked.stderr[-3000:]
+        assert teacher[0].endswith(f"→ {json.loads(asked.stdout)['answer']!r}")
     plots = sorted(p.name for p in (home / "reports").iterdir())
     assert plots == ["metrics_per_task.png", "retrieval_recall.png", "training_loss.png"]
     store = Store(str(home / "store"))
     manifest = read_manifest(store)
     count = read_passages(store, manifest["dump_id"]).num_rows
     assert manifest["count"] == count > 500 and manifest["encoder"]["name"] == "all-MiniLM-L6-v2"
-    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    champion = client.get_model_version_by_alias("wikirag-cloze", "champion")
-    assert champion.tags["index_version"] == manifest["version"]
-    assert {a.path for a in client.list_artifacts(champion.run_id, "plots")} >= {
+    trained = client.get_model_version_by_alias("wikirag-generated-qa", "champion")
+    assert trained.tags["index_version"] == qa.tags["index_version"] == manifest["version"]
+    assert {a.path for a in client.list_artifacts(trained.run_id, "plots")} >= {
         "plots/metrics_per_task.png", "plots/retrieval_recall.png", "plots/training_loss.png", "plots/loss_curve.png"}
 
     again = _cli("run", "--dump", str(dump), "--generator", str(llama), "--max-steps", "2", env=env, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "reusing wikirag-cloze v1" in again.stderr  # same dump, recipe and index: nothing retrained
+    assert "reusing wikirag-generated-qa v1" in again.stderr  # same dump, recipe and index: nothing retrained
+    assert "gated before on the same" in again.stderr  # nor evaluated or registered again
+    assert len(client.search_model_versions("name='wikirag-qa'")) == 1
     assert read_manifest(store)["version"] == manifest["version"]
 
     # The RAG model on the real sample's index: a few training steps, every decoding mode, save, and a reload
