@@ -28,7 +28,7 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,13 +141,17 @@ def _tupled(value: Any) -> Any:
 # ----------------------------------------------------------------------------- writing
 
 
-def _write_with_manifest(store: Store, files: dict[str, bytes], extra: Mapping[str, Any]) -> None:
-    """Every file, then ``manifest.json`` naming them with their sha256 (what makes the folder visible)."""
-    for name, data in files.items():
+def _write_with_manifest(store: Store, files: Iterable[tuple[str, bytes]], extra: Mapping[str, Any]) -> None:
+    """Every file, then ``manifest.json`` naming them with their sha256 (what makes the folder visible).
+
+    ``files`` is consumed one file at a time: a checkpoint's weights and optimizer states (gigabytes for a
+    generator) are never all in memory at once beside the training rank's own tensors."""
+    listed = {}
+    for name, data in files:
         store.write_bytes(data, name)
-    manifest = {"format": FORMAT, **extra,
-                "files": {name: {"bytes": len(data), "sha256": _sha256(data)} for name, data in files.items()}}
-    store.write_json(manifest, MANIFEST)
+        listed[name] = {"bytes": len(data), "sha256": _sha256(data)}
+        del data
+    store.write_json({"format": FORMAT, **extra, "files": listed}, MANIFEST)
 
 
 def write_checkpoint(store: Store, state: State, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -161,13 +165,13 @@ def write_checkpoint(store: Store, state: State, model: nn.Module, optimizer: to
     opt_tensors, groups = optimizer_tensors(optimizer)
     state.param_groups = groups
     rng = {f"{key}.{rank}": value for rank, states in enumerate(rng_tensors) for key, value in states.items()}
-    files = {
-        "model.safetensors": save_tensors(parameters_by_name(model)),
-        "optimizer.safetensors": save_tensors(opt_tensors),
-        "rng.safetensors": save_tensors(rng),
-        "state.json": json.dumps(state.__dict__, indent=1).encode(),
-    }
-    _write_with_manifest(folder, files, {"step": state.step})
+    files = (
+        ("model.safetensors", lambda: save_tensors(parameters_by_name(model))),
+        ("optimizer.safetensors", lambda: save_tensors(opt_tensors)),
+        ("rng.safetensors", lambda: save_tensors(rng)),
+        ("state.json", lambda: json.dumps(state.__dict__, indent=1).encode()),
+    )
+    _write_with_manifest(folder, ((name, serialise()) for name, serialise in files), {"step": state.step})
     for old in complete_steps(store)[:-keep] if keep > 0 else []:
         _remove(store.child(step_folder(old)))
     return folder.url
@@ -285,9 +289,9 @@ def save_model(model: Any, store: Store) -> str:
         store.remove(MANIFEST)  # the old model is invisible while the new one is written
     with tempfile.TemporaryDirectory(prefix="wikirag-model-") as tmp:
         root = model.save_pretrained(Path(tmp) / "model")
-        files = {path.relative_to(root).as_posix(): path.read_bytes()
-                 for path in sorted(root.rglob("*")) if path.is_file()}
-    _write_with_manifest(store, files, {"index_version": model.index_version, "kind": model.config.kind})
+        files = ((path.relative_to(root).as_posix(), path.read_bytes())
+                 for path in sorted(root.rglob("*")) if path.is_file())
+        _write_with_manifest(store, files, {"index_version": model.index_version, "kind": model.config.kind})
     return store.url
 
 
