@@ -173,9 +173,10 @@ def _question(rule: _Rule, match: re.Match[str], title_words: frozenset[str]) ->
         name = groups["answer"].split()
         rest = groups["rest"].split()
         opener = name[0].lower()
-        if ((len(name) < 2 and name[0] not in title_words) or opener in _NOT_NAME or opener.endswith("ly")
-                or len(rest) > 16 or any(w.lower() in _CLAUSE_WORDS - {"that", "and", "or", "but", "when"} for w in rest)):
-            return None  # "The Greeks built", "Eventually Fitzsimmons ran": capitalised because they open the sentence
+        if (len(name) < 2 and name[0] not in title_words) or opener in _NOT_NAME | _CLAUSE_WORDS or opener.endswith("ly"):
+            return None  # "The Greeks built", "Then Apollo struck": capitalised because they open the sentence
+        if len(rest) > 16 or any(w.lower() in _CLAUSE_WORDS - {"that", "and", "or", "but", "when"} for w in rest):
+            return None  # a clause of its own follows: no single question asks it
         groups["wh"] = "What" if any(w.lower() in _THING_WORDS for w in name) else "Who"
     if "role" in groups:
         groups["wh"] = "Who" if groups["role"] in _PEOPLE else "What"

@@ -68,6 +68,7 @@ def test_each_rule_makes_its_question_and_answer_span(sentence: str, rule: str, 
     # ... and may be any sentence opener when it does not
     ("Lincoln issued the Emancipation Proclamation in 1863.", "Alabama", []),
     ("Later Einstein wrote it.", "Albert Einstein", []),
+    ("Then Apollo struck the strings of his lyre.", "Apollo", []),
     # "The" opens the sentence, not the name; a thing is asked with What
     ("The Guttmacher Institute estimated the number of abortions.", "Abortion",
      [("What estimated the number of abortions?", "Guttmacher Institute")]),
