@@ -173,7 +173,7 @@ def _question(rule: _Rule, match: re.Match[str], title_words: frozenset[str]) ->
         name = groups["answer"].split()
         rest = groups["rest"].split()
         opener = name[0].lower()
-        if (len(name) < 2 and name[0] not in title_words) or opener in _NOT_NAME | _CLAUSE_WORDS or opener.endswith("ly"):
+        if (len(name) < 2 and name[0] not in title_words) or opener in _NOT_NAME | _CLAUSE_WORDS or opener[-2:] == "ly":
             return None  # "The Greeks built", "Then Apollo struck": capitalised because they open the sentence
         if len(rest) > 16 or any(w.lower() in _CLAUSE_WORDS - {"that", "and", "or", "but", "when"} for w in rest):
             return None  # a clause of its own follows: no single question asks it
