@@ -24,7 +24,9 @@ from pydantic import BaseModel, Field
 
 from flows.generated_qa import generated_qa_files
 from flows.settings import Settings, StoreAccess, quiet_environment
+from rag_core.index.versions import read_index_manifest
 from rag_core.train.cloze import ClozeConfig
+from rag_core.train.memory_plan import check_training_memory
 from rag_core.train.recipe import TrainConfig, trajectory_key
 from tasks.dataset_quality import gate_dataset, gate_predictions
 from tasks.evaluation import evaluate, load_examples, record_evaluation
@@ -59,10 +61,10 @@ class FinetuneRequest(BaseModel):
     cloze: ClozeConfig = Field(default_factory=ClozeConfig, description="how cloze questions are drawn")
     eval_examples: int = Field(64, ge=1, description="dev examples evaluated (the first N)")
     max_new_tokens: int = Field(32, ge=1, description="answer tokens generated in evaluation")
-    decoding: Literal["thorough", "fast"] = Field("thorough", description="RAG-Sequence decoding in evaluation "
-                                                                         "(fast: the paper's Fast Decoding)")
+    decoding: Literal["thorough", "fast"] = Field("fast", description="RAG-Sequence decoding in evaluation "
+                                                                     "(fast: the paper's Fast Decoding)")
     eval_precision: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32", description="evaluation arithmetic; auto = bf16 autocast where native (~3x faster on AMX)")
+        "auto", description="evaluation arithmetic; auto = bf16 autocast where native (~3x faster on AMX)")
 
 
 class FinetuneOutcome(BaseModel):
@@ -134,8 +136,12 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     gate_dataset(request.task, train_examples, dev_examples, target)
     dev_examples = dev_examples[: request.eval_examples]
 
-    config = TrainConfig.model_validate({**request.recipe, "task": request.task, "train": train_url,
-                                         "dev": dev_url, "index_version": index_version})
+    # the recipe's own dev-loss passes are bounded like every other evaluation, unless the recipe says otherwise
+    config = TrainConfig.model_validate({"max_dev_examples": request.eval_examples, **request.recipe,
+                                         "task": request.task, "train": train_url, "dev": dev_url,
+                                         "index_version": index_version})
+    check_training_memory(config, nproc, read_index_manifest(target, index_version),
+                          index_in_ranks=dask_address is None)
     # one folder per recipe: another recipe on the same index must not meet this one's checkpoints
     config = config.model_copy(update={"output": output or
                                        f"runs/{request.task}/{index_version}/{trajectory_key(config)}"})
