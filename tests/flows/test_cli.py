@@ -11,7 +11,7 @@ import pytest
 
 from flows.cli import build_parser, main, read_settings, rebuild_configs
 from flows.cli_indexes import CleanupConfig
-from flows.search import SearchConfig
+from flows.search import MAX_K, SearchConfig
 from flows.settings import Settings, StoreAccess
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
@@ -50,7 +50,8 @@ def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFix
     ingest = help_text(capsys, "ingest")
     for name in ("words_per_passage", "max_residue_rate", "shards"):
         assert f"(default {IngestConfig.model_fields[name].default}" in ingest
-    assert f"(default {SearchConfig().k})" in help_text(capsys, "search")
+    search = help_text(capsys, "search")
+    assert f"(default {SearchConfig().k}, at most {MAX_K})" in search
     assert f"(default {CleanupConfig().older_than_hours:g})" in help_text(capsys, "indexes", "gc")
     assert f"one per core, {Settings().workers} here" in help_text(capsys, "ingest")
 
