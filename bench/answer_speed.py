@@ -69,7 +69,7 @@ def transformers_answer(model, question: str, n_docs: int, max_new_tokens: int) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", help="wikirag workspace with the sample index and the fetched generator")
-    parser.add_argument("--questions", type=int, default=4, help="questions from bench/data/sample_questions.jsonl")
+    parser.add_argument("--questions", type=int, default=4, help="questions from rag_core/evaluate/sample_questions.jsonl")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--n-docs", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -89,7 +89,7 @@ def main() -> int:
 
     quiet_environment()
     settings = Settings(**({"home": args.home} if args.home else {}))
-    lines_of = (ROOT / "bench" / "data" / "sample_questions.jsonl").read_text().splitlines()
+    lines_of = (ROOT / "rag_core" / "evaluate" / "sample_questions.jsonl").read_text().splitlines()
     questions = [json.loads(line)["question"] for line in lines_of[: args.questions]]
     model = load_model(settings, n_docs=args.n_docs, kind="sequence")  # float32, as `wikirag ask`
     precision = choose_precision("auto", "cpu")
