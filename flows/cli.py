@@ -286,7 +286,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
              **({"Prefect UI": persistent.removesuffix("/api")} if persistent else
                 {"Prefect UI (a server kept for the next runs)": "wikirag server start"}),
-             "ask the model": 'wikirag ask --model models:/wikirag-qa@champion "your question"'}
+             "ask": 'wikirag ask "your question" (zero-shot RAG); with --model models:/wikirag-qa@champion '
+                    "once a fine-tune has been promoted"}
     with prefect_api(settings.prefect_home, meanwhile=fetch_inputs):
         from flows.pipeline import ShortRun, pipeline
 

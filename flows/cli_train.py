@@ -33,8 +33,8 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
     from flows.models import resolve_generator
 
     if args.task not in ("cloze", "generated-qa") and not (args.train and args.dev):
-        raise WikiragError(f"--task {args.task} needs --train FILE and --dev FILE (only cloze draws its own questions "
-                           "from the index)")
+        raise WikiragError(f"--task {args.task} needs --train FILE and --dev FILE (only cloze and generated-qa make "
+                           "their own questions from the index)")
     recipe = {name: value for name, value in (("kind", args.kind), ("max_steps", args.max_steps),
                                               ("batch_size", args.batch_size), ("lr", args.lr),
                                               ("n_docs", args.n_docs),
@@ -86,8 +86,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     kinds = sorted(TASK_KINDS)
     tune = sub.add_parser("finetune", help="fine-tune the question encoder and generator on a task with torchrun "
                           "DDP, evaluate, register wikirag-TASK in MLflow and gate its promotion")
-    tune.add_argument("--task", required=True, choices=kinds, help="task kind of the files (cloze: questions drawn "
-                      "from the index's own passages when --train is not given)")
+    tune.add_argument("--task", required=True, choices=kinds, help="task kind of the files (cloze, generated-qa: "
+                      "questions made from the index's own passages when --train is not given)")
     tune.add_argument("--train", help="train file (path or URL) in the task's original format")
     tune.add_argument("--dev", help="dev file (path or URL) in the task's original format")
     tune.add_argument("--kind", choices=["sequence", "token"], help="RAG-Sequence (default) or RAG-Token")

@@ -125,7 +125,7 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
         train_url, dev_url = generated_qa_files(store, index_version)
     elif request.train is None:
         if request.task != "cloze":
-            raise ValueError(f"task {request.task} needs a train file; only cloze draws its own from the index")
+            raise ValueError(f"task {request.task} needs a train file; only cloze and generated-qa draw their own from the index")
         train_url, dev_url = cloze_files(target, index_version, request.cloze)
     else:
         train_url, dev_url = request.train, request.dev
