@@ -108,6 +108,6 @@ def test_kilt_answers_and_provenance() -> None:
 
 def test_every_kind_is_registered_with_its_format() -> None:
     assert set(TASK_KINDS) == {"nq", "triviaqa", "webquestions", "curatedtrec", "msmarco", "jeopardy", "fever3",
-                               "fever2", "kilt", "cloze"}
+                               "fever2", "kilt", "cloze", "generated-qa"}
     assert TASK_KINDS["fever2"].labels == ("SUPPORTS", "REFUTES")
     assert TASK_KINDS["fever3"].labels == FEVER_LABELS
