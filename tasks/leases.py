@@ -42,12 +42,13 @@ def build_lease(store: Store, kind: str, key: str, protects: Iterable[str], note
     try:
         yield lease
     finally:
+        lost = lease.lost  # read before release(), which marks a released lease as no longer this run's
         try:
             lease.release()
         except StoreError as exc:  # the run's outcome stands; the lease expires after its ttl
             logger.warning("lease %s/%s not released (%s); it expires %.0f s after its last heartbeat", kind, key,
                            exc, lease.record.ttl_s)
-    if lease.lost:
+    if lost:
         logger.warning("the %s lease %s was taken over while this run worked (its heartbeat stalled past the ttl)",
                        kind, key)
 
