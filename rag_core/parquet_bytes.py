@@ -4,9 +4,8 @@
 Python for every read; one of them still waiting for the GIL while the
 interpreter finalizes is ended with ``pthread_exit`` inside C++ code, and the
 process aborts ("terminate called without an active exception", exit 134)
-after having done its work (seen on `wikirag search` ending with a corrupt-shard
-error; apache/arrow#34314 and #45017 describe the same).  Arrow's own buffers
-keep every byte on the C++ side.
+after having done its work (apache/arrow#34314 and #45017).  Arrow's own
+buffers keep every byte on the C++ side.
 """
 
 from __future__ import annotations

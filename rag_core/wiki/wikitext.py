@@ -18,7 +18,6 @@ import operator
 import re
 
 # Bump when the output of clean_wikitext changes: passage sets are keyed by it.
-# 2: an unclosed "[[" no longer repeats the text before it (version 1 wrote that text twice).
 CLEANER_VERSION = "2"
 
 # Bodies are written as "runs without the closer's first character" rather than a lazy ".*?",
