@@ -278,7 +278,7 @@ def swap_in(model: Any, weights: dict[str, torch.Tensor]) -> Any:
 # keep theirs, and read back instead (logged as "int8 ... read from <path> in N s").
 
 # Bump when int8_weights' recipe or layout changes what it writes: old files then stop matching a key.
-CACHE_FORMAT = 3  # 2: w_int8 [out, in], the layout FBGEMM packs; 3: q, k, v quantized too
+CACHE_FORMAT = 3
 
 
 def cache_key(passage_fingerprint_id: str) -> str:
