@@ -26,7 +26,7 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
 class DumpSiteError(DumpError):
-    """The dump site answered, but not with what a complete, published dump has: a missing file, a bad listing."""
+    """The dump site answered with what a run cannot use: a missing file, a bad listing, a longer wait than allowed."""
 
 
 class DumpSiteUnavailableError(StoreUnreachableError):
@@ -73,8 +73,8 @@ class DumpSiteClient:
                 problem = f"HTTP {exc.code}"
                 asked = retry_after_s(exc.headers.get("Retry-After"))
                 if asked is not None:
-                    if asked > self.policy.max_wait_s:
-                        raise DumpSiteUnavailableError(
+                    if asked > self.policy.max_wait_s:  # not retried by the caller either: it asked us to wait
+                        raise DumpSiteError(
                             f"{url}: the dump site answered {problem} and asks to wait {asked:.0f} s, longer than "
                             f"max_wait_s ({self.policy.max_wait_s:g} s); rerun later (mirrored pieces are kept)"
                         ) from None

@@ -25,6 +25,7 @@ from typing import Any
 from rag_core.storage import Store, is_local, translate_errors
 from rag_core.wiki.dump_http import DumpSiteClient, DumpSiteError
 from rag_core.wiki.dump_site import DatedDump, DumpSiteConfig, SiteFile, published_sha1
+from rag_core.wiki.ingest import IngestConfig
 
 DUMPS_DIR = "dumps"
 STAGING_DIR = "_staging"
@@ -49,6 +50,11 @@ class MirroredDump:
     @property
     def dump_id(self) -> str:
         return f"{self.wiki}-{self.date}"
+
+    def ingest_config(self, base: IngestConfig | None = None) -> IngestConfig:
+        """``base``'s settings (default: IngestConfig's) reading this mirror's dump and index."""
+        settings = base.model_dump(exclude={"dump", "index"}) if base is not None else {}
+        return IngestConfig(dump=self.dump_url, index=self.index_url, **settings)
 
 
 def mirror_folder(store: Store, wiki: str, date: str) -> Store:

@@ -100,7 +100,7 @@ def test_a_busy_site_is_waited_for_as_retry_after_asks(site: DumpSiteServer, sta
 
 def test_a_retry_after_past_the_longest_wait_ends_the_run_at_once(site: DumpSiteServer) -> None:
     site.busy["/enwiki/"] = [(503, "3600")]
-    with pytest.raises(DumpSiteUnavailableError, match=r"/enwiki/: the dump site answered HTTP 503 and asks to wait "
+    with pytest.raises(DumpSiteError, match=r"/enwiki/: the dump site answered HTTP 503 and asks to wait "
                                                         r"3600 s, longer than max_wait_s \(60 s\); rerun later"):
         check_site(config(site, max_wait_s=60), current=NEW)
     assert len(site.log) == 1
