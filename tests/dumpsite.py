@@ -139,7 +139,7 @@ def _handler(site: DumpSiteServer) -> type[BaseHTTPRequestHandler]:
                 return
             path = site.root / self.path.lstrip("/")
             if path.is_dir():
-                links = "".join(f'<a href="{html.escape(p.name)}{"/" if p.is_dir() else ""}">{html.escape(p.name)}</a>\n'
+                links = "".join(f'<a href="{html.escape(p.name)}{"/" * p.is_dir()}">{html.escape(p.name)}</a>\n'
                                 for p in sorted(path.iterdir()))
                 return self._send(200, f"<html><body><pre>\n{links}</pre></body></html>".encode(), "text/html")
             if not path.is_file():

@@ -29,6 +29,10 @@ class DumpSiteError(DumpError):
     """The dump site answered with what a run cannot use: a missing file, a bad listing, a longer wait than allowed."""
 
 
+class DumpSiteNotFoundError(DumpSiteError):
+    """The dump site has no file at the URL (HTTP 404)."""
+
+
 class DumpSiteUnavailableError(StoreUnreachableError):
     """The dump site did not answer, or stayed busy (429/5xx), through every try: a transport error, rerun later."""
 
@@ -106,8 +110,8 @@ def retry_after_s(value: str | None) -> float | None:
 
 def _refusal(url: str, exc: urllib.error.HTTPError) -> DumpSiteError:
     if exc.code == 404:
-        return DumpSiteError(f"{url}: not on the dump site (HTTP 404); check the site and wiki names, or the dump "
-                             "was removed: run the check again")
+        return DumpSiteNotFoundError(f"{url}: not on the dump site (HTTP 404); check the site and wiki names, or "
+                                     "the dump was removed: run the check again")
     if exc.code == 416:
         return DumpSiteError(f"{url}: the file is shorter than its dumpstatus.json says (HTTP 416); the dump was "
                              "replaced on the site: run the check again")

@@ -3,7 +3,7 @@
 The layout (https://dumps.wikimedia.org and its mirrors)::
 
     <site>/<wiki>/                                   a listing with one link per dated run: 20261101/, 20261120/
-    <site>/<wiki>/<date>/dumpstatus.json             {"jobs": {job: {"status", "files": {name: {size, url, sha1, md5}}}}}
+    <site>/<wiki>/<date>/dumpstatus.json             {"jobs": {job: {"status", "files": {name: {size, url, sha1}}}}}
     <site>/<wiki>/<date>/<wiki>-<date>-sha1sums.txt  "<sha1>  <name>" per file
     <site>/<wiki>/<date>/<wiki>-<date>-pages-articles-multistream.xml.bz2
     <site>/<wiki>/<date>/<wiki>-<date>-pages-articles-multistream-index.txt.bz2
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from rag_core.wiki.dump_http import DumpSiteClient, DumpSiteError, HttpPolicy
+from rag_core.wiki.dump_http import DumpSiteClient, DumpSiteError, DumpSiteNotFoundError, HttpPolicy
 
 # Large wikis write the multistream dump in parts, then recombine them into the one file (and index) named here.
 MULTISTREAM_JOBS = ("articlesmultistreamdumprecombine", "articlesmultistreamdump")
@@ -97,7 +97,8 @@ class DumpCheck:
         have = f"{self.wiki}-{self.current}" if self.current else "no dated dump"
         waiting = f"; still running: {', '.join(self.in_progress)}" if self.in_progress else ""
         if self.newer is None:
-            return f"unchanged: the index is built from {have}, no newer complete dump{waiting} ({self.requests} request(s))"
+            return (f"unchanged: the index is built from {have}, no newer complete dump{waiting} "
+                    f"({self.requests} request(s))")
         size = self.newer.dump.size + self.newer.index.size
         return (f"newer: {self.newer.dump_id} is complete ({size / 1e6:,.1f} MB to mirror), the index is built from "
                 f"{have}{waiting} ({self.requests} request(s))")
@@ -126,10 +127,8 @@ def read_status(config: DumpSiteConfig, client: DumpSiteClient, date: str) -> Da
     try:
         status = json.loads(client.get(url).decode("utf-8"))
         jobs = status["jobs"]
-    except DumpSiteError as exc:
-        if "HTTP 404" in str(exc):
-            return None  # a run just started has no status yet
-        raise
+    except DumpSiteNotFoundError:
+        return None  # a run just started has no status yet
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise DumpSiteError(f"{url}: not a dump status ({type(exc).__name__}: {exc}); the site is not a Wikimedia "
                             "dump site, or the file was cut short: run the check again") from None
@@ -174,10 +173,8 @@ def published_sha1(config: DumpSiteConfig, client: DumpSiteClient, dated: DatedD
     url = config.url(dated.date, f"{config.wiki}-{dated.date}-sha1sums.txt")
     try:
         text = client.get(url).decode("utf-8", errors="replace")
-    except DumpSiteError as exc:
-        if "HTTP 404" not in str(exc):
-            raise
-        text = ""
+    except DumpSiteNotFoundError:
+        text = ""  # the sums in dumpstatus.json stand alone
     listed: dict[str, str] = {}
     for line in text.splitlines():
         sha1, _, name = line.strip().partition(" ")

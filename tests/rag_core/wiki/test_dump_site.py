@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rag_core.storage import Store
-from rag_core.wiki.dump_http import DumpSiteError, DumpSiteUnavailableError
+from rag_core.wiki.dump_http import DumpSiteError, DumpSiteNotFoundError, DumpSiteUnavailableError
 from rag_core.wiki.dump_mirror import (
     ChecksumMismatchError,
     find_mirror,
@@ -196,3 +196,20 @@ def test_a_changed_mirror_is_refused(site: DumpSiteServer, store: Store) -> None
     with pytest.raises(ChecksumMismatchError, match=f"{dated.dump.name}: sha1 [0-9a-f]{{40}} .* differs from the "
                                                     f"{dated.dump.sha1} .* recorded when it was mirrored"):
         verify_mirror(store, mirror)
+
+
+def test_an_unknown_wiki_is_one_line(site: DumpSiteServer) -> None:
+    with pytest.raises(DumpSiteNotFoundError, match=r"/nowiki/: not on the dump site \(HTTP 404\); check the site "
+                                                    "and wiki names"):
+        check_site(DumpSiteConfig(site=site.url, wiki="nowiki"), current=None)
+
+
+def test_sums_that_disagree_are_refused_before_a_byte_is_mirrored(site: DumpSiteServer, tmp_path: Path) -> None:
+    dated = check_site(config(site), current=OLD).newer
+    sums = site.root / "enwiki" / NEW / f"enwiki-{NEW}-sha1sums.txt"
+    sums.write_text(sums.read_text().replace(dated.index.sha1, "0" * 40))
+    store = Store(str(tmp_path / "store"))
+    with pytest.raises(DumpSiteError, match=f"sha1 of {dated.index.name} is 0{{40}}, its dumpstatus.json says "
+                                            f"{dated.index.sha1}; the site's sums disagree"):
+        mirror_dump(config(site), dated, store)
+    assert [r for r in site.log if r.range] == [] and store.files() == {}
