@@ -4,12 +4,18 @@
 ``index_rebuild`` flow maps the same per-shard functions over Dask workers and
 puts Great Expectations gates between the steps::
 
-    plan_version ──▶ embed_plan_shard (each shard) ──▶ build_plan_shard (each shard) ──▶ publish_plan
-     │ counts, fingerprint,       │ write-once embedding files,      │ FAISS index tuned to the recall
-     │                            │                                  │ target + held-out recall@10,
-     │ shard cut, version name,   │ reused where they exist          │ written into the unpublished version
-     ▼ reuse source, plan.json    ▼                                  ▼
-                                                          manifest (references every file read), then LATEST
+    plan_version ──▶ embed_plan_shard ──▶ train_plan_index ──▶ build_plan_shard ──▶ publish_plan
+     │ counts,          │ (each shard)       │ once, on a sample    │ (each shard)        │ manifest
+     │ fingerprint,     │ write-once         │ of every shard's     │ FAISS index tuned   │ (references every
+     │ shard cut,       │ embedding files,   │ vectors (IVF/SQ/PQ   │ to the recall       │ file read),
+     │ version name,    │ reused where       │ factories)           │ target + held-out   │ then LATEST
+     ▼ plan.json        ▼ they exist         ▼ trained.faiss        ▼ recall@10, unpublished
+
+``train_plan_index`` gives the shards of a version one trained, empty index to
+fill: IVF shards then share one coarse quantizer, and searching them costs what
+searching one index costs (:mod:`rag_core.index.search`). Without it (a flow
+that skips the step) each shard trains its own, and search searches each
+shard whole.
 
 Every step is idempotent: a rerun with the same plan settings skips the
 embedding ranges that are done, so a killed run loses only the shards in flight.
@@ -38,7 +44,15 @@ from rag_core.index.embeddings import (
     vector_stats,
 )
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
-from rag_core.index.faiss_index import IndexConfig, build_tuned_shard, serialize_index
+from rag_core.index.faiss_index import (
+    IndexConfig,
+    TrainedIndex,
+    build_tuned_shard,
+    deserialize_index,
+    needs_training,
+    serialize_index,
+    train_index,
+)
 from rag_core.index.manifest import ShardEntry
 from rag_core.index.retention import delete_version
 from rag_core.index.tuning import RECALL_K, heldout_recall
@@ -227,6 +241,64 @@ def embed_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, encoder: P
                          matches)
 
 
+TRAINED = "trained.faiss"  # in the version's folder: the trained, empty index every shard copies
+TRAIN_STREAM = 2  # training sample: seed [seed, 0, 2]; tuning draws [seed, shard, 1], the gate [seed, shard]
+
+
+def shared_factory(plan: IndexPlan) -> str | None:
+    """The factory the plan's shards train once together, or None (one shard, or nothing to train)."""
+    if plan.num_shards < 2:
+        return None
+    factory = plan.index.resolve_factory(plan.n_passages, plan.dim, total_vectors=plan.n_passages,
+                                         shards=plan.num_shards)
+    return factory if needs_training(factory, plan.dim) else None
+
+
+def train_plan_index(store: Store, plan: IndexPlan) -> str | None:
+    """Train the version's index once, on a seeded sample of every shard's vectors; returns its factory.
+
+    Writes ``indexes/<version>/trained.faiss`` (kept when it exists: a resumed
+    build trains nothing), which :func:`build_plan_shard` copies into each
+    shard. None, and nothing written, when the shards share nothing
+    (:func:`shared_factory`). Run it after every shard is embedded and before any is built.
+    """
+    factory = shared_factory(plan)
+    root = store.child(INDEXES_DIR, plan.version)
+    if factory is None or root.exists(TRAINED):
+        return factory
+    take = min(plan.index.train_sample, plan.n_passages)
+    rows = np.sort(np.random.default_rng([plan.index.seed, 0, TRAIN_STREAM]).choice(plan.n_passages, take,
+                                                                                  replace=False))
+    parts = []
+    for shard_id in range(plan.num_shards):
+        start, stop = plan.bounds(shard_id)
+        mine = rows[(rows >= start) & (rows < stop)] - start
+        if len(mine):
+            parts.append(read_embedded(store, plan, shard_id)[2][mine])
+    trained = train_index(np.concatenate(parts), plan.index, factory)
+    root.write_bytes(serialize_index(trained.index), TRAINED)
+    return factory
+
+
+def stored_trained(store: Store, plan: IndexPlan) -> TrainedIndex | None:
+    """The trained index of :func:`train_plan_index`, when the version has one for the plan's factory."""
+    factory, root = shared_factory(plan), store.child(INDEXES_DIR, plan.version)
+    if factory is None or not root.exists(TRAINED):
+        return None
+    return TrainedIndex(factory, deserialize_index(root.read_bytes(TRAINED)))
+
+
+def read_embedded(store: Store, plan: IndexPlan, shard_id: int) -> tuple[dict[str, Any], list[str], np.ndarray]:
+    """One shard's finished embeddings: (record, passage ids, float32 [n, dim])."""
+    start, stop = plan.bounds(shard_id)
+    record = range_record(store, plan.fingerprint_id, plan.dump_id, start, stop)
+    if record is None:
+        raise StoreError(f"shard {shard_id} (rows {start}..{stop}) of {plan.dump_id} has no finished embeddings; "
+                         "embed it first (embed_plan_shard)")
+    ids, _, vectors = read_record(store, plan.fingerprint_id, plan.dump_id, record)
+    return record, ids, vectors
+
+
 def recall_rows(plan: IndexPlan, shard_id: int, n_vectors: int) -> np.ndarray:
     """The seeded held-out query rows of one shard: its share of ``gate.recall_queries``, by size."""
     per_shard = math.ceil(plan.gate.recall_queries * n_vectors / max(plan.n_passages, 1))
@@ -246,17 +318,17 @@ def build_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, progress: 
     from which search applies it. A Flat shard is exact and untuned: its meta
     is ``{"factory": "Flat"}``. The recall gate then measures the tuned shard on
     other held-out rows (:func:`recall_rows`): the passages themselves.
+    When :func:`train_plan_index` trained the version's index, the shard fills
+    a copy of it (one coarse quantizer for all shards, named in its meta's
+    ``coarse_sha256``); else it trains its own.
     """
     started = time.perf_counter()
     start, stop = plan.bounds(shard_id)
-    record = range_record(store, plan.fingerprint_id, plan.dump_id, start, stop)
-    if record is None:
-        raise StoreError(f"shard {shard_id} (rows {start}..{stop}) of {plan.dump_id} has no finished embeddings; "
-                         "embed it first (embed_plan_shard)")
-    ids, _, vectors = read_record(store, plan.fingerprint_id, plan.dump_id, record)
+    record, ids, vectors = read_embedded(store, plan, shard_id)
     passages = read_passage_rows(store, plan.dump_id, start, stop, columns=["passage_id", "title", "text"])
     # ANN shards come back tuned (efSearch / nprobe set); the report is the shard's meta, applied by search on load
-    index, report = build_tuned_shard(vectors, plan.index, total_vectors=plan.n_passages, shard_id=shard_id)
+    index, report = build_tuned_shard(vectors, plan.index, total_vectors=plan.n_passages, shard_id=shard_id,
+                                      trained=stored_trained(store, plan))
     factory = report["factory"]
     rows = recall_rows(plan, shard_id, len(vectors))
     recall = heldout_recall(index, vectors, rows, RECALL_K, plan.index.metric) if len(vectors) > 1 else np.ones(0)
@@ -317,6 +389,7 @@ def build_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, 
     plan = plan_version(store, dump_id, embed, index, gate, encoder=encoder)
     try:
         embedded = [embed_plan_shard(store, plan, s, encoder=encoder, progress=progress) for s in range(plan.num_shards)]
+        train_plan_index(store, plan)
         built = [build_plan_shard(store, plan, s) for s in range(plan.num_shards)]
         gates = check_version(plan, embedded, built)
     except BaseException:

@@ -6,6 +6,14 @@ FAISS ids (no ``IndexIDMap``: string passage ids do not fit in int64, and the
 row order is already stored beside the index). Publishing shards as versions on
 a store is :mod:`rag_core.index.versions`.
 
+IVF shards of one version share one coarse quantizer: :func:`train_index`
+trains the factory once on a sample of every shard's vectors, and each shard
+adds its rows to a copy of that trained, empty index. Then the shards' lists
+partition the lists of one index over all passages: searched at the same
+nprobe they scan, together, exactly what that one index scans and return its
+top-k (:mod:`rag_core.index.search` runs the coarse search once for all of
+them). :func:`coarse_fingerprint` tells whether shards share it.
+
 A shard is built tuned: :func:`build_tuned_shard` sets HNSW's efConstruction
 before adding, then keeps the cheapest efSearch / nprobe whose recall@10
 against exact search on held-out queries reaches the recall target
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import faiss
@@ -69,13 +78,20 @@ class IndexConfig(BaseModel):
     train_sample: int = Field(100_000, ge=1, description="at most this many vectors (seeded sample) train IVF/PQ/SQ")
     seed: int = Field(0, description="seed of the training sample")
 
-    def resolve_factory(self, n_vectors: int, dim: int, *, total_vectors: int | None = None) -> str:
-        """The factory for a shard of ``n_vectors``; ``total_vectors`` is the whole index (default: the shard)."""
+    def resolve_factory(self, n_vectors: int, dim: int, *, total_vectors: int | None = None,
+                        shards: int = 1) -> str:
+        """The factory for a shard of ``n_vectors``; ``total_vectors`` is the whole index (default: the shard).
+
+        ``shards`` > 1: the version's shards are trained once together (:func:`train_index`), so IVF lists
+        are sized for the whole index and ``auto`` weighs the sharded search (see :func:`choose_factory`).
+        """
         if self.factory != "auto":
             return self.factory
+        total = total_vectors or n_vectors
+        shard_n = total if shards > 1 else n_vectors
         return choose_factory(
-            total_vectors or n_vectors, dim, self.memory_budget_bytes, self.recall_target,
-            shard_vectors=n_vectors, train_vectors=min(n_vectors, self.train_sample),
+            total, dim, self.memory_budget_bytes, self.recall_target,
+            shard_vectors=shard_n, train_vectors=min(shard_n, self.train_sample), shards=shards,
         )
 
 
@@ -95,6 +111,7 @@ def choose_factory(
     *,
     shard_vectors: int | None = None,
     train_vectors: int | None = None,
+    shards: int = 1,
 ) -> str:
     """The ``auto`` rule: the most accurate index family whose memory fits the budget.
 
@@ -179,6 +196,7 @@ def build_tuned_shard(
     *,
     total_vectors: int | None = None,
     shard_id: int = 0,
+    trained: TrainedIndex | None = None,
 ) -> tuple[faiss.Index, dict[str, Any]]:
     """A FAISS index over one shard's ``vectors`` (float32 ``[n, d]``; row i is vector i), tuned, and its report.
 
@@ -191,7 +209,10 @@ def build_tuned_shard(
     "recall_at_10": 0.97, "qps": ..., ...}``) belongs in the shard's manifest
     ``meta``, from which search applies it (:func:`apply_search_setting`).
     ``total_vectors`` (the whole index) lets ``auto`` size the index family for
-    the whole and the IVF lists for this shard. An empty shard gives an empty
+    the whole and the IVF lists for this shard. ``trained`` (from
+    :func:`train_index`, once for all shards of a version) replaces training:
+    the shard adds its rows to a copy of it, so IVF shards share one coarse
+    quantizer, and the report names it (``coarse_sha256``). An empty shard gives an empty
     Flat index. A Flat index (or any other without a search parameter) is
     exact: it is not tuned, and its report is ``{"factory": ...}`` alone.
     Training is deterministic; HNSW graphs, built by several threads, may
@@ -207,25 +228,17 @@ def build_tuned_shard(
         raise IndexBuildError(
             f"train_vectors have dimension {train.shape[1]}, vectors {dim}; pass vectors of one encoder"
         )
-    factory = config.resolve_factory(n, dim, total_vectors=total_vectors)
-    try:
-        index = faiss.index_factory(dim, factory, metric)
-    except RuntimeError as exc:
-        raise IndexBuildError(
-            f"FAISS does not understand the factory string {factory!r} ({_faiss_message(exc)}); "
-            "use e.g. Flat, HNSW32, IVF1024,SQ8, OPQ48,IVF1024,PQ48 or auto"
-        ) from exc
-    if not index.is_trained:
-        if len(train) > config.train_sample:
-            rows = np.random.default_rng(config.seed).choice(len(train), config.train_sample, replace=False)
-            train = train[np.sort(rows)]
-        try:
-            index.train(train)
-        except RuntimeError as exc:
+    if trained is not None:
+        if trained.index.d != dim or trained.index.metric_type != metric or trained.index.ntotal:
             raise IndexBuildError(
-                f"training {factory!r} on {len(train)} vectors failed ({_faiss_message(exc)}); "
-                "give more training vectors or choose fewer IVF lists / PQ centroids"
-            ) from exc
+                f"the trained {trained.factory!r} index holds {trained.index.ntotal} vectors of dimension "
+                f"{trained.index.d} ({'ip' if trained.index.metric_type == faiss.METRIC_INNER_PRODUCT else 'l2'}); "
+                f"this shard needs an empty one of dimension {dim} ({config.metric}): train it on these vectors"
+            )
+        factory, index = trained.factory, faiss.clone_index(trained.index)
+    else:
+        factory = config.resolve_factory(n, dim, total_vectors=total_vectors)
+        index = train_index(train, config, factory).index
     hnsw = hnsw_of(index)
     if hnsw is not None:
         hnsw.efConstruction = config.ef_construction  # read by add(): too late to change afterwards
@@ -233,12 +246,54 @@ def build_tuned_shard(
     if search_ladder(index)[0] is None:  # Flat (and other exhaustive indexes): exact already, nothing to tune
         return index, {"factory": factory}
     rows, queries = shard_tuning_queries(x, config, shard_id)
-    report = {"factory": factory, **tune_search(index, x, rows, queries, recall_target=config.recall_target,
+    coarse = coarse_fingerprint(index)
+    report = {"factory": factory, **({"coarse_sha256": coarse} if trained is not None and coarse else {}),
+              **tune_search(index, x, rows, queries, recall_target=config.recall_target,
                                                  metric=config.metric, ef_search=config.ef_search,
                                                  nprobe=config.nprobe)}
     if hnsw is not None:
         report["ef_construction"] = int(hnsw.efConstruction)
     return index, report
+
+
+@dataclass(frozen=True)
+class TrainedIndex:
+    """A trained, empty index and its factory: what every shard of a version copies and fills."""
+
+    factory: str
+    index: faiss.Index
+
+
+def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = None, *,
+                total_vectors: int | None = None, shards: int = 1) -> TrainedIndex:
+    """An empty index of ``factory`` (default: ``config``'s, resolved for ``total_vectors`` in ``shards``
+    trained together), trained on at most ``config.train_sample`` seeded rows of ``sample``.
+
+    Trained once on a sample of every shard's vectors, it gives the shards one coarse quantizer (and one
+    scalar/product quantizer): see the module docstring. Training is deterministic for a given sample.
+    """
+    x = as_matrix(sample, "sample")
+    n, dim = x.shape
+    factory = factory or config.resolve_factory(n, dim, total_vectors=total_vectors or n, shards=shards)
+    try:
+        index = faiss.index_factory(dim, factory, METRICS[config.metric])
+    except RuntimeError as exc:
+        raise IndexBuildError(
+            f"FAISS does not understand the factory string {factory!r} ({_faiss_message(exc)}); "
+            "use e.g. Flat, HNSW32, IVF1024,SQ8, OPQ48,IVF1024,PQ48 or auto"
+        ) from exc
+    if not index.is_trained:
+        if n > config.train_sample:
+            rows = np.random.default_rng(config.seed).choice(n, config.train_sample, replace=False)
+            x = x[np.sort(rows)]
+        try:
+            index.train(x)
+        except RuntimeError as exc:
+            raise IndexBuildError(
+                f"training {factory!r} on {len(x)} vectors failed ({_faiss_message(exc)}); "
+                "give more training vectors or choose fewer IVF lists / PQ centroids"
+            ) from exc
+    return TrainedIndex(factory, index)
 
 
 def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig, shard_id: int = 0, *, n: int | None = None,
@@ -250,6 +305,34 @@ def shard_tuning_queries(vectors: np.ndarray, config: IndexConfig, shard_id: int
     """
     return tuning_queries(vectors, config.tune_queries if n is None else n, config.tune_query_cosine,
                           [config.seed, shard_id, stream])
+
+
+def needs_training(factory: str, dim: int) -> bool:
+    """Whether ``factory`` must be trained before vectors are added (IVF, SQ, PQ, OPQ)."""
+    try:
+        return not faiss.index_factory(dim, factory).is_trained
+    except RuntimeError as exc:
+        raise IndexBuildError(f"FAISS does not understand the factory string {factory!r} ({_faiss_message(exc)}); "
+                              "use e.g. Flat, HNSW32, IVF1024,SQ8, OPQ48,IVF1024,PQ48 or auto") from exc
+
+
+def coarse_quantizer(index: faiss.Index) -> faiss.Index | None:
+    """The coarse quantizer of an index that is an IVF index itself (not behind a transform), or None."""
+    inner = faiss.downcast_index(index)
+    return inner.quantizer if isinstance(inner, faiss.IndexIVF) else None
+
+
+def coarse_fingerprint(index: faiss.Index) -> str | None:
+    """sha256 of an IVF index's coarse centroids (None for other indexes).
+
+    Shards with equal fingerprints were trained together (:func:`train_index`): list ``i`` is the same
+    cell in each, so one coarse search serves them all.
+    """
+    quantizer = coarse_quantizer(index)
+    if quantizer is None or quantizer.ntotal == 0:
+        return None
+    centroids = quantizer.reconstruct_n(0, quantizer.ntotal)  # [nlist, d]
+    return sha256_hex(np.ascontiguousarray(centroids, dtype=np.float32).tobytes())
 
 
 def as_matrix(vectors: Any, name: str) -> np.ndarray:

@@ -12,6 +12,13 @@ shards x cores threads on the cores. :func:`thread_plan` splits the cores
 instead: parallel shard searches x FAISS threads in each <= the cores
 (OpenMP's thread count is per calling thread, so each search thread sets its
 own). The measured choice between its layouts is in docs/benchmarks.md.
+
+IVF shards trained together share one coarse quantizer
+(:func:`~rag_core.index.faiss_index.train_index`): their lists partition the
+lists of one index over all passages. :func:`shared_coarse` finds that
+quantizer; a search then ranks the centroids once and each shard scans only
+its part of the chosen lists (FAISS's ``search_preassigned``), so 4 shards do
+the work of one index instead of four coarse searches, with its top-k.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from rag_core.errors import WikiragError
-from rag_core.index.faiss_index import METRICS, deserialize_index, sha256_hex
+from rag_core.index.faiss_index import METRICS, coarse_fingerprint, coarse_quantizer, deserialize_index, sha256_hex
 from rag_core.index.tuning import apply_search_setting, set_search_params
 from rag_core.index.versions import INDEXES_DIR, CorruptShardError, read_manifest
 from rag_core.parquet_bytes import parquet_to_table
@@ -76,6 +83,27 @@ def search_shard(index: faiss.Index, x: np.ndarray, k: int) -> tuple[np.ndarray,
     if index.ntotal == 0:
         return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
     return index.search(x, min(k, index.ntotal))
+
+
+def shared_coarse(shards: Sequence[faiss.Index]) -> faiss.Index | None:
+    """The coarse quantizer that two or more IVF shards share (equal centroids, same metric), or None."""
+    if len(shards) < 2 or any(coarse_quantizer(index) is None or index.ntotal == 0 for index in shards):
+        return None
+    if len({index.metric_type for index in shards}) != 1 or len(set(map(coarse_fingerprint, shards))) != 1:
+        return None
+    return coarse_quantizer(shards[0])
+
+
+def search_preassigned(index: faiss.Index, x: np.ndarray, k: int, centroid_scores: np.ndarray,
+                       lists: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One IVF shard's ``(distances, rows)`` over the lists ranked by a shared coarse search (``[q, >= nprobe]``,
+    best first); the shard scans its own ``nprobe`` first ones, as its own search would."""
+    if index.ntotal == 0:
+        return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
+    ivf = faiss.downcast_index(index)
+    nprobe = min(ivf.nprobe, ivf.nlist)
+    return ivf.search_preassigned(x, min(k, index.ntotal), np.ascontiguousarray(lists[:, :nprobe]),
+                                  np.ascontiguousarray(centroid_scores[:, :nprobe]))
 
 
 @contextmanager
@@ -197,6 +225,7 @@ class ShardedIndex:
         self.faiss_threads: list[int] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self.coarse = shared_coarse(self.shards)  # one coarse search serves every shard when set
         self._columns = [
             {c: table.column(c).combine_chunks() for c in ("passage_id", "title", "text") if c in table.column_names}
             for table in passages
@@ -234,10 +263,13 @@ class ShardedIndex:
         k = check_k(k)
 
         threads = batch_threads(len(x), self.threads_per_search)
+        ranked = self._rank_lists(x)
 
         def one(index: faiss.Index) -> tuple[np.ndarray, np.ndarray, int]:
             with omp_threads(threads) as threads_in_force:
-                return (*search_shard(index, x, k), threads_in_force)
+                if ranked is None:
+                    return (*search_shard(index, x, k), threads_in_force)
+                return (*search_preassigned(index, x, k, *ranked), threads_in_force)
 
         if self.workers <= 1:
             results = [one(index) for index in self.shards]
@@ -251,6 +283,15 @@ class ShardedIndex:
         larger_is_better = self.metric == "ip"
         scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k, larger_is_better)
         return (scores if larger_is_better else -scores), shards, rows
+
+    def _rank_lists(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(centroid scores, lists)`` of the shared coarse search, to the largest nprobe of the shards
+        (None without a shared quantizer); it runs on every core this index may use."""
+        if self.coarse is None:
+            return None
+        nprobe = max(min(faiss.downcast_index(index).nprobe, self.coarse.ntotal) for index in self.shards)
+        with omp_threads(batch_threads(len(x), self.workers * self.threads_per_search)):
+            return self.coarse.search(x, nprobe)
 
     def close(self) -> None:
         """Stop the search threads (the shards stay usable; a later search starts them again)."""

@@ -15,8 +15,10 @@ from rag_core.index.faiss_index import (
     IndexConfig,
     build_shard_index,
     build_tuned_shard,
+    coarse_fingerprint,
     serialize_index,
     set_search_params,
+    train_index,
 )
 from rag_core.index.search import (
     QUERIES_PER_THREAD,
@@ -26,6 +28,7 @@ from rag_core.index.search import (
     batch_threads,
     check_dim,
     merge_topk,
+    search_shard,
     thread_plan,
 )
 from rag_core.index.versions import (
@@ -36,6 +39,8 @@ from rag_core.index.versions import (
     latest_version,
     list_versions,
     publish_version,
+    read_index_manifest,
+    verify_version,
 )
 from rag_core.storage import Store
 from tests.conftest import S3Server
@@ -130,6 +135,92 @@ def test_query_dimension_and_k_are_checked(corpus) -> None:
         sharded.search(queries, 0)
     assert check_dim(queries[0], DIM).shape == (1, DIM)  # one vector is one query
     assert len(sharded.search(queries[0], 3)[0]) == 3
+
+
+# -- IVF shards sharing one coarse quantizer ---------------------------------------
+
+IVF = IndexConfig(factory="IVF32,Flat", tune_queries=100)
+
+
+def _ivf_split(base: np.ndarray, *, together: bool) -> tuple[list[faiss.Index], list[dict], faiss.Index | None]:
+    """The four shards of SIZES as IVF indexes, trained once on all rows (``together``) or each on its own;
+    with ``together`` also one index over all rows filled from the same trained index."""
+    bounds = np.cumsum([0, *SIZES])
+    trained = train_index(base, IVF) if together else None
+    built = [build_tuned_shard(base[a:b], IVF, shard_id=s, trained=trained)
+             for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    whole = None
+    if trained is not None:
+        whole = faiss.clone_index(trained.index)
+        whole.add(base)
+    return [i for i, _ in built], [r for _, r in built], whole
+
+
+def _each_shard_searched(shards: list[faiss.Index], queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The merge of every shard searched on its own, as a search without a shared quantizer does it."""
+    found = [search_shard(index, queries, k) for index in shards]
+    scores, shard, rows = merge_topk([d for d, _ in found], [r for _, r in found], k)
+    return scores, np.cumsum([0, *SIZES])[:-1][shard] + rows
+
+
+@pytest.mark.parametrize("nprobe", [1, 3, 8])
+def test_shards_trained_together_return_one_index_top_k(corpus, nprobe: int) -> None:
+    base, queries, table = corpus
+    shards, reports, whole = _ivf_split(base, together=True)
+    assert len({r["coarse_sha256"] for r in reports}) == 1 == len(set(map(coarse_fingerprint, [*shards, whole])))
+    sharded = ShardedIndex(shards, [table.slice(a, n) for a, n in zip(np.cumsum([0, *SIZES]), SIZES)])
+    assert sharded.coarse is not None
+    sharded.set_search_params(nprobe=nprobe)
+    set_search_params(whole, nprobe=nprobe)
+    want_scores, want_rows = whole.search(queries, 10)
+    scores, shard, rows = sharded.search_rows(queries, 10)
+    # the shards' lists partition the one index's: at the same nprobe, its passages in its order
+    assert np.array_equal(np.cumsum([0, *SIZES])[:-1][shard] + rows, want_rows)
+    assert np.allclose(scores, want_scores, atol=1e-5)
+    # and the one coarse search gives what each shard's own search gives
+    own_scores, own_rows = _each_shard_searched(shards, queries, 10)
+    assert np.array_equal(own_rows, want_rows) and np.allclose(own_scores, scores, atol=1e-5)
+
+
+def test_each_shard_scans_its_own_nprobe_after_the_shared_coarse_search(corpus) -> None:
+    base, queries, table = corpus
+    shards, _, _ = _ivf_split(base, together=True)
+    for s, index in enumerate(shards):  # settings tuned apart differ: one coarse search ranks for the widest
+        set_search_params(index, nprobe=[2, 6, 1, 4][s])
+    sharded = ShardedIndex(shards, [table.slice(a, n) for a, n in zip(np.cumsum([0, *SIZES]), SIZES)])
+    scores, shard, rows = sharded.search_rows(queries, 10)
+    own_scores, own_rows = _each_shard_searched(shards, queries, 10)
+    assert np.array_equal(np.cumsum([0, *SIZES])[:-1][shard] + rows, own_rows)
+    assert np.allclose(scores, own_scores, atol=1e-5)
+
+
+def test_shards_trained_apart_are_each_searched_whole(corpus) -> None:
+    base, queries, table = corpus
+    shards, reports, _ = _ivf_split(base, together=False)
+    assert all("coarse_sha256" not in r for r in reports) and len(set(map(coarse_fingerprint, shards))) == 4
+    sharded = ShardedIndex(shards, [table.slice(a, n) for a, n in zip(np.cumsum([0, *SIZES]), SIZES)])
+    assert sharded.coarse is None  # their list numbers name different cells: no coarse search can serve them all
+    scores, shard, rows = sharded.search_rows(queries, 10)
+    own_scores, own_rows = _each_shard_searched(shards, queries, 10)
+    assert np.array_equal(np.cumsum([0, *SIZES])[:-1][shard] + rows, own_rows)
+
+
+def test_a_version_of_shards_trained_together_round_trips(tmp_path: Path, corpus) -> None:
+    base, queries, table = corpus
+    store = Store(str(tmp_path))
+    shards, reports, whole = _ivf_split(base, together=True)
+    bounds = np.cumsum([0, *SIZES])
+    payloads = [ShardPayload(serialize_index(i), table.slice(a, n), r) for i, r, a, n in zip(shards, reports, bounds,
+                                                                                              SIZES)]
+    version = publish_version(store, payloads, {"dim": DIM, "metric": "ip", "factory": reports[0]["factory"]})
+    verify_version(store, version)  # every file's sha256, as for any version
+    manifest = read_index_manifest(store, version)
+    assert {e.meta["coarse_sha256"] for e in manifest.shards} == {coarse_fingerprint(whole)}
+    loaded = ShardedIndex.load(store, version)
+    assert loaded.coarse is not None
+    assert [faiss.downcast_index(i).nprobe for i in loaded.shards] == [r["search"]["nprobe"] for r in reports]
+    in_memory = ShardedIndex(shards, [table.slice(a, n) for a, n in zip(bounds, SIZES)])
+    assert loaded.search(queries, 10) == in_memory.search(queries, 10)
 
 
 # -- threads --------------------------------------------------------------------
