@@ -59,7 +59,7 @@ def main() -> int:
     info = RunInfo.start()
 
     from flows.ask import load_model
-    from flows.settings import Settings, quiet_environment
+    from runtime.settings import Settings, quiet_environment
 
     quiet_environment()
     settings = Settings(**({"home": args.home} if args.home else {}))

@@ -83,7 +83,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     info = RunInfo.start()
     from flows.ask import load_model
-    from flows.settings import Settings, quiet_environment
+    from runtime.settings import Settings, quiet_environment
     from rag_core.hardware import choose_precision
     from rag_core.model.answers import answer
 

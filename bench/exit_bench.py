@@ -7,7 +7,7 @@ flow (Prefect, Dask, pydantic, pyarrow, GX's gates) and loads the packaged
 encoder (torch, transformers), as ``wikirag index-rebuild``'s process and each
 of its Dask workers do. It then prints the time and returns, so the
 interpreter tears itself down: once as is, once after ``gc.freeze()`` (what
-``flows.cli.entry`` and ``flows.local_cluster.dask_teardown`` do). The figure
+``flows.cli.entry`` and ``runtime.local_cluster.dask_teardown`` do). The figure
 is the seconds from that print to the child's end, as its parent sees it
 (``Popen.wait``). Repeats alternate the order; the ratio is per repeat.
 """

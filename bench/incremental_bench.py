@@ -60,7 +60,7 @@ def dumps(pages: int, edit_fraction: float) -> tuple[tuple[Path, Path], tuple[Pa
 
 def rebuild(address: str, dump: tuple[Path, Path], store: str) -> tuple[str, float]:
     from flows.index_rebuild import index_rebuild
-    from flows.ingest import dask_runner
+    from runtime.dask_runner import dask_runner
     from rag_core.wiki.ingest import IngestConfig
 
     started = time.perf_counter()
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from distributed import LocalCluster
 
-    from flows.prefect_api import prefect_api
-    from flows.settings import quiet_environment
+    from runtime.prefect_server import prefect_api
+    from runtime.settings import quiet_environment
 
     quiet_environment()
     a, b = dumps(pages, args.edit_fraction)

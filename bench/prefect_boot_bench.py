@@ -1,6 +1,6 @@
 """A command's local Prefect server: boot on a fresh database against boot from the database template.
 
-Each repeat starts ``prefect server start`` (through ``flows.prefect_api``, as
+Each repeat starts ``prefect server start`` (through ``runtime.prefect_server``, as
 every command without ``PREFECT_API_URL`` does) in a fresh ``PREFECT_HOME``
 twice, in alternating order: once with an empty cache (Prefect migrates a new
 SQLite database, and the template is written), once with the template in the
@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from report import RunInfo, publish, spread  # noqa: E402
 
-from flows.prefect_api import _free_port, _launch, template_path  # noqa: E402
-from flows.process_groups import stop_process_group  # noqa: E402
+from runtime.prefect_server import _free_port, _launch, template_path  # noqa: E402
+from runtime.process_groups import stop_process_group  # noqa: E402
 
 
 def boot(home: Path, cache: Path) -> float:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         "## Local Prefect server boot: fresh database vs the database template",
         "",
         *info.markdown_header(),
-        f"`prefect server start` through flows.prefect_api in a fresh PREFECT_HOME, {args.repeats} repeats in "
+        f"`prefect server start` through runtime.prefect_server in a fresh PREFECT_HOME, {args.repeats} repeats in "
         "alternating order; seconds from the start to the first healthy answer (method in bench/README.md).",
         "",
         "| database | boot s (min / median / max) |",

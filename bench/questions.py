@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--home", help="wikirag workspace with the sample index (default $WIKIRAG_HOME)")
     parser.add_argument("--show", choices=SPLITS, help="also print that split's questions")
     args = parser.parse_args()
-    from flows.settings import Settings, quiet_environment
+    from runtime.settings import Settings, quiet_environment
     from rag_core.model.retriever import IndexRetriever
 
     quiet_environment()

@@ -161,7 +161,7 @@ def report(info: RunInfo, args: argparse.Namespace, ours: list[tuple[float, dict
         "",
         f"Top passage for \"{QUESTION}\" from the script's index: \"{t_meta['top']}...\".",
         "",
-        f"Prefect database template (flows/prefect_api.py): {args.template_note}. wikirag's local server starts "
+        f"Prefect database template (runtime/prefect_server.py): {args.template_note}. wikirag's local server starts "
         "from it in a fresh home; without one, the first server on a machine migrates its own (~8 s more, bench/prefect_boot_bench.py).",
         "",
         f"Cached int8 weights (rag_core/index/int8_engine.py, `~/.cache/wikirag/int8/`): {args.int8_note}. Where the "
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.sample.exists():
         log(f"skipped: {args.sample} is missing (the real sample lives in ../shared/data); pass --sample PATH")
         return
-    from flows.prefect_api import template_path
+    from runtime.prefect_server import template_path
     from rag_core.index.int8_engine import cache_folder
 
     args.template_note = "present at start" if template_path().is_file() else "none at start (the first run made it)"

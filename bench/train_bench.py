@@ -53,7 +53,7 @@ TINY = {"d_model": 256, "layers": 2, "heads": 4, "ffn_dim": 1024}
 def generator_dir(args) -> tuple[str | None, str]:
     """(folder, description) of the generator; (None, why) when the fetched default is missing."""
     from flows.models import default_generator_dir, is_converted
-    from flows.settings import Settings
+    from runtime.settings import Settings
 
     if args.generator:
         return args.generator, Path(args.generator).name
@@ -208,7 +208,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     info = RunInfo.start()
-    from flows.settings import quiet_environment
+    from runtime.settings import quiet_environment
     from rag_core.evaluate.predictions import evaluate_model
     from rag_core.index.encoders import default_encoder_config
     from rag_core.model.generators import GeneratorConfig

@@ -40,7 +40,7 @@ def start_one_thread() -> RunInfo:
     """One torch thread, as each torchrun rank has, quiet libraries, and the run's hardware and load at its start."""
     import torch
 
-    from flows.settings import quiet_environment
+    from runtime.settings import quiet_environment
 
     torch.set_num_threads(1)
     info = RunInfo.start()

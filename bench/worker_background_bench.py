@@ -9,7 +9,7 @@ event loop checks its health every 20 ms, the system monitor reads psutil every
 encoding. Side by side in one run: two 2-worker, 1-thread-per-worker
 ``BoundedLocalCluster`` s, one with Dask's defaults for those settings
 (``DASK_*`` variables, as a user who wants them would set them), one as wikirag
-starts it (``flows.local_cluster.QUIET_SETTINGS``). Both workers of a cluster
+starts it (``runtime.local_cluster.QUIET_SETTINGS``). Both workers of a cluster
 encode the same ``--passages`` real sample passages at once, as two shards of an
 index rebuild (bench/worker_malloc_bench.py's method). A cluster's figure is its
 two workers' passages/s added, plus the CPU seconds the worker processes spent
@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 from report import RunInfo, alternating, emulate_avx2_if_asked, publish, spread  # noqa: E402
 
 WARMUP = 32
-# Dask's own defaults for what flows.local_cluster.QUIET_SETTINGS turns down
+# Dask's own defaults for what runtime.local_cluster.QUIET_SETTINGS turns down
 DASK_DEFAULTS = {"distributed.worker.profile.enabled": True, "distributed.admin.tick.interval": "20ms",
                  "distributed.admin.system-monitor.interval": "500ms"}
 
@@ -82,7 +82,7 @@ def cluster_run(kind: str, titles: list[str], texts: list[str]) -> tuple[float, 
     """(both workers' passages/s, their background CPU s, the workers' settings, dtype) for one cluster."""
     from worker_malloc_bench import on_both_workers
 
-    from flows.local_cluster import BoundedLocalCluster
+    from runtime.local_cluster import BoundedLocalCluster
 
     options = dict(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
     with dask_defaults() if kind == "dask" else contextlib.nullcontext():

@@ -5,7 +5,7 @@
 Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536``. Setting a
 glibc malloc threshold freezes glibc's mmap threshold at 128 KiB, so every
 activation buffer of an encoder batch larger than that is a fresh ``mmap`` whose
-pages fault in again; wikirag's local cluster (flows/local_cluster.py) drops the
+pages fault in again; wikirag's local cluster (runtime/local_cluster.py) drops the
 variable and keeps glibc's adaptive thresholds. Side by side in one run: a
 2-worker, 1-thread-per-worker cluster of each kind; in each, both workers load
 the encoder (``dtype="auto"``), warm up, wait for each other, then encode the
@@ -67,7 +67,7 @@ def cluster_rate(kind: str, titles: list[str], texts: list[str]) -> tuple[float,
     import dask
     from distributed import LocalCluster
 
-    from flows.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster
+    from runtime.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster
 
     options = dict(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
     if kind == "default":

@@ -13,8 +13,8 @@ import argparse
 import json
 from typing import Any
 
-from flows.settings import Settings
 from rag_core.storage import Store
+from runtime.settings import Settings
 
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,

@@ -27,10 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from flows import stop_signals
 from flows.cli_indexes import add_indexes
 from flows.search import MAX_K, SearchConfig
-from flows.settings import Settings, quiet_environment
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
@@ -38,6 +36,8 @@ from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.manifest import describe_errors
 from rag_core.wiki.ingest import IngestConfig
+from runtime import stop_signals
+from runtime.settings import Settings, quiet_environment
 
 log = logging.getLogger("wikirag")
 
@@ -129,11 +129,12 @@ def import_flow(module: str) -> typing.Callable[[], None]:
 
 
 def run_ingest(settings: Settings, config: IngestConfig) -> str:
-    from flows.prefect_api import prefect_api
+    from runtime.prefect_server import prefect_api
 
     log.info("ingesting %s into %s", config.dump, settings.store_url)
     with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.ingest")):
-        from flows.ingest import dask_runner, ingest  # imports prefect: only once its API is known
+        from runtime.dask_runner import dask_runner
+        from flows.ingest import ingest  # imports prefect: only once its API is known
 
         if not log.isEnabledFor(logging.DEBUG):
             quiet_expected_tracebacks()
@@ -166,7 +167,7 @@ def warm_encoder(embed: EmbedConfig) -> None:
 
 
 def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConfig, IndexConfig, GateConfig]) -> str:
-    from flows.prefect_api import prefect_api
+    from runtime.prefect_server import prefect_api
 
     ingest, embed, index, gate = configs
     log.info("rebuilding the index of %s in %s (encoder %s, factory %s)", ingest.dump, settings.store_url,
@@ -177,7 +178,7 @@ def run_index_rebuild(settings: Settings, configs: tuple[IngestConfig, EmbedConf
 
     with prefect_api(settings.prefect_home, meanwhile=meanwhile):
         from flows.index_rebuild import index_rebuild
-        from flows.ingest import dask_runner
+        from runtime.dask_runner import dask_runner
 
         if not log.isEnabledFor(logging.DEBUG):
             quiet_expected_tracebacks()
@@ -266,8 +267,8 @@ def public_questions(given_dir: str | None) -> str | None:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded defaults: the real sample to a registered model answering questions."""
     from flows.models import fetch_default_generator, resolve_generator
-    from flows.prefect_api import prefect_api, workspace_server
-    from flows.sample import fetch_sample
+    from runtime.prefect_server import prefect_api, workspace_server
+    from runtime.sample_dump import fetch_sample
 
     qa_dir = public_questions(args.public_questions)  # a wrong folder stops here, before anything runs
     _log_hardware()
@@ -315,7 +316,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_data_sample(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.sample import fetch_sample
+    from runtime.sample_dump import fetch_sample
 
     print(fetch_sample(settings.home / "data"))
     return 0
@@ -339,7 +340,7 @@ def cmd_passages(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     """A persistent Prefect server for this workspace: commands then skip starting their own."""
-    from flows.prefect_api import start_workspace_server, stop_workspace_server, workspace_server
+    from runtime.prefect_server import start_workspace_server, stop_workspace_server, workspace_server
 
     home = settings.prefect_home
     if args.action == "start":
@@ -467,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample = data_sub.add_parser("sample", help="download and verify the real Wikipedia sample into <home>/data")
     sample.set_defaults(func=cmd_data_sample)
 
-    from flows.prefect_api import start_workspace_server
+    from runtime.prefect_server import start_workspace_server
 
     port = inspect.signature(start_workspace_server).parameters["port"].default
     server = sub.add_parser("server", help="a persistent local Prefect server (and UI) for this workspace")
@@ -479,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
 
-    from flows import ask, cli_generated_qa, cli_train, models, services  # each group registers its subcommands
+    from flows import ask, cli_generated_qa, cli_train, models
+    from runtime import services  # each group registers its subcommands
 
     for module in (ask, cli_generated_qa, cli_train, models, services):
         module.add_parser(sub)

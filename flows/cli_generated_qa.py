@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from flows.settings import Settings
+from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")
 
 
 def cmd_generated_qa(args: argparse.Namespace, settings: Settings) -> int:
     from flows.cli import import_flow, quiet_expected_tracebacks
-    from flows.prefect_api import prefect_api
+    from runtime.prefect_server import prefect_api
     from rag_core.train.generated_qa import GeneratedQAConfig
 
     config = GeneratedQAConfig(**{k: v for k, v in (("shards", args.shards), ("top_k", args.top_k)) if v is not None})

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flows.settings import Settings
 from rag_core.errors import WikiragError
 from rag_core.index.retention import MIN_AGE_HOURS, CleanupConfig, Removed
+from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")
 

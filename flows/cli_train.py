@@ -6,16 +6,16 @@ import argparse
 import json
 import logging
 
-from flows.settings import Settings
 from rag_core.errors import WikiragError
 from rag_core.train.loaders import TASK_KINDS
+from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")
 
 
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from flows.cli import import_flow, quiet_expected_tracebacks
-    from flows.prefect_api import prefect_api
+    from runtime.prefect_server import prefect_api
 
     log.info("evaluating %s on %s (%s) with MLflow at %s", args.model, args.dev, args.task, settings.tracking_uri)
     with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.evaluate")):
@@ -65,7 +65,7 @@ def check_memory(request: dict, args: argparse.Namespace, settings: Settings) ->
 
 def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
     from flows.cli import import_flow, quiet_expected_tracebacks
-    from flows.prefect_api import prefect_api
+    from runtime.prefect_server import prefect_api
 
     request = finetune_request(args, settings)
     check_memory(request, args, settings)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.settings import Settings, StoreAccess, quiet_environment
 from rag_core.train.cloze import ClozeConfig
+from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.dataset_quality import gate_predictions
 from tasks.evaluation import evaluate, load_examples, load_registered_model, record_evaluation
 from tasks.finetune import cloze_files

@@ -23,11 +23,11 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from flows.generated_qa import generated_qa_files
-from flows.settings import Settings, StoreAccess, quiet_environment
 from rag_core.index.versions import read_index_manifest
 from rag_core.train.cloze import ClozeConfig
 from rag_core.train.memory_plan import check_training_memory
 from rag_core.train.recipe import TrainConfig, trajectory_key
+from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.dataset_quality import gate_dataset, gate_predictions
 from tasks.evaluation import evaluate, load_examples, record_evaluation
 from tasks.finetune import (

@@ -14,11 +14,11 @@ from typing import Any
 from prefect import flow, unmapped
 from pydantic import BaseModel, Field
 
-from flows.ingest import dask_runner
-from flows.settings import Settings, StoreAccess, quiet_environment
-from flows.shard_runs import wait_for_shards
 from rag_core.train.generated_qa import GeneratedQAConfig
+from runtime.dask_runner import dask_runner
+from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.generated_qa import gate_generated_qa, generate_shard, merge_pairs, plan_generated_qa, publish_generated_qa
+from tasks.shard_runs import wait_for_shards
 
 quiet_environment()
 

@@ -17,13 +17,13 @@ from prefect import flow, unmapped
 from prefect.context import get_run_context
 from prefect_dask import DaskTaskRunner
 
-from flows.ingest import dask_runner, ingest
-from flows.settings import Settings, StoreAccess, quiet_environment
-from flows.shard_runs import wait_for_shards
+from flows.ingest import ingest
 from rag_core.index.build import GateConfig, dump_id_of
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
+from runtime.dask_runner import dask_runner
+from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.index import (
     build_index_shard,
     embed_passages,
@@ -34,6 +34,7 @@ from tasks.index import (
 )
 from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
 from tasks.leases import index_lease, protect_plan
+from tasks.shard_runs import wait_for_shards
 
 quiet_environment()
 

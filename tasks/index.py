@@ -33,8 +33,8 @@ from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.versions import PublishedVersion
 from rag_core.progress import StageProgress
 from rag_core.storage import Store
-from tasks.ingest import io_task
 from tasks.quality import artifact_key
+from tasks.retry_policy import io_task
 
 
 @functools.cache

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -12,9 +11,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from rag_core.errors import WikiragError
 from rag_core.progress import StageProgress
-from rag_core.storage import Store, StoreUnreachableError
+from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, Page, iter_pages
 from rag_core.wiki.ingest import (
     IngestConfig,
@@ -29,33 +27,9 @@ from rag_core.wiki.multistream import StreamShard, check_layout, iter_shard_page
 from rag_core.wiki.passages import PageCounts, passages_from_pages
 from tasks.dask_waits import wait_within
 from tasks.quality import artifact_key
+from tasks.retry_policy import io_task
 
 
-# A request that failed on the way: the store or the dump server may answer the next one. Names, not classes:
-# botocore's and aiohttp's connection errors share no base with the standard library's.
-_TRANSPORT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT,
-                               errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE})
-_TRANSPORT_CLASSES = frozenset({"ConnectionError", "TimeoutError", "ClientConnectionError", "ReadTimeoutError",
-                                "ConnectTimeoutError", "ServerTimeoutError"})
-
-
-def retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry transport errors only (store unreachable or 5xx, a dropped connection, a timeout): bad input stays bad
-    and a programming error (TypeError, KeyError, ...) fails the same way every time."""
-    try:
-        state.result()
-    except StoreUnreachableError:
-        return True
-    except WikiragError:
-        return False
-    except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in _TRANSPORT_ERRNOS:
-            return True
-        return any(cls.__name__ in _TRANSPORT_CLASSES for cls in type(exc).__mro__)
-    return True
-
-
-io_task = task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_bad_input)
 # One batch of pages (IngestConfig.batch_pages) is cleaned in seconds; an hour means a stuck or lost worker.
 BATCH_TIMEOUT_S = 3600.0
 

@@ -143,7 +143,7 @@ def check_mlmodel(root: Path, where: str) -> None:
 
 def build(data: Path, where: str, index_version: str | None = None) -> Any:
     """The RagModel saved under ``data``, bound to its index (``index_version`` overrides the version)."""
-    from flows.settings import Settings  # the edge: the store's credentials come from this process's settings
+    from runtime.settings import Settings  # the edge: the store's credentials come from this process's settings
     from rag_core.model.rag_model import RagModel
     from rag_core.model.retriever import IndexRetriever
 

@@ -5,7 +5,7 @@
 
 Each process reads the config (a :class:`rag_core.train.recipe.TrainConfig` as JSON), its rank
 from torchrun's environment, and the store and its credentials from the environment through
-:class:`flows.settings.Settings` (WIKIRAG_STORE, AWS_*): the edge that reads it. Rank 0 logs
+:class:`runtime.settings.Settings` (WIKIRAG_STORE, AWS_*): the edge that reads it. Rank 0 logs
 into MLflow: into the existing run ``--run-id`` (its creator owns it and ends it), or, given only
 ``--experiment``, into a new run it ends itself; other ranks log nothing. Rank 0 writes
 ``--result`` (the :class:`~rag_core.train.recipe.TrainResult` as JSON) when the run is done.
@@ -40,8 +40,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flows.process_groups import die_with_parent, stop_process_group  # the edge: as flows.settings below
 from rag_core.errors import WikiragError
+from runtime.process_groups import die_with_parent, stop_process_group  # the edge: as runtime.settings below
 from tasks.train_ranks import RankWatch, killed_rank
 
 log = logging.getLogger("wikirag.train")
@@ -140,7 +140,7 @@ def _dask_retrievers(address: str | None, share: str) -> Iterator[Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from flows.settings import Settings, quiet_environment
+    from runtime.settings import Settings, quiet_environment
 
     quiet_environment()
     args = parse_args(argv)
@@ -220,7 +220,7 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
     line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
     """
-    from flows.local_cluster import without_dask_trim
+    from runtime.local_cluster import without_dask_trim
     from rag_core.train.recipe import TrainResult
 
     if nproc < 1:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.process_groups import die_with_parent
-from flows.settings import quiet_environment
+from runtime.process_groups import die_with_parent
+from runtime.settings import quiet_environment
 
 quiet_environment()
 
@@ -65,7 +65,7 @@ def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def prefect_server(prefect_home: Path) -> Iterator[str]:
     """One real local Prefect server for the session; Dask workers find it through PREFECT_API_URL."""
-    from flows.prefect_api import prefect_api
+    from runtime.prefect_server import prefect_api
 
     saved = os.environ.pop("PREFECT_API_URL", None)
     home = prefect_home

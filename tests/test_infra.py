@@ -17,9 +17,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from flows.local_cluster import NANNY_ENVIRONMENT
-from flows.services import ServicePorts
-from flows.settings import QUIET_ENVIRONMENT
+from runtime.local_cluster import NANNY_ENVIRONMENT
+from runtime.services import ServicePorts
+from runtime.settings import QUIET_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
@@ -27,7 +27,7 @@ SECRETS = {"wikirag-s3": {"access-key-id", "secret-access-key"},  # the store's 
            "wikirag-mlflow-s3": {"access-key-id", "secret-access-key"},  # MLflow's artifacts: bucket wikirag-mlflow
            "wikirag-postgres": {"password"}, "wikirag-prefect": {"auth-string"},
            "wikirag-mlflow": {"username", "password", "flask-secret-key"}}
-TLS_SECRET = "wikirag-dask-tls"  # files from `python -m flows.services tls DIR`, mounted as a volume
+TLS_SECRET = "wikirag-dask-tls"  # files from `python -m runtime.services tls DIR`, mounted as a volume
 SENSITIVE = re.compile(r"SECRET|PASSWORD|ACCESS_KEY|TOKEN|BACKEND_STORE_URI|AUTH_STRING|S3_KEY")
 ADDRESS_VARS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "WIKIRAG_DASK_ADDRESS", "AWS_ENDPOINT_URL",
                 "MLFLOW_S3_ENDPOINT_URL")
@@ -170,7 +170,7 @@ def test_dockerfile_pins_torch_and_switches_telemetry_off() -> None:
 
 
 def test_dask_workers_started_by_hand_or_in_the_image_keep_glibcs_malloc() -> None:
-    # The same value as the local cluster's and the services' workers (flows/local_cluster.py)
+    # The same value as the local cluster's and the services' workers (runtime/local_cluster.py)
     for var, value in NANNY_ENVIRONMENT.items():
         assert f'{var}="{value}"' in (INFRA / "Dockerfile").read_text(), f"infra/Dockerfile: set {var}"
         assert f'export {var}="{value}"' in (INFRA / "env.sh").read_text(), f"infra/env.sh: export {var}"
@@ -324,12 +324,12 @@ def test_compose_engines_ask_for_credentials() -> None:
     assert "password" not in _compose()["configs"]["mlflow-auth"]["content"].replace("default_permission", "")
     for name in ("dask-scheduler", "dask-worker"):
         _assert_dask_tls(f"compose {name}", services[name]["command"], services[name]["environment"])
-    assert services["s3"]["command"][:4] == ["python", "-m", "flows.services", "seaweedfs"]
+    assert services["s3"]["command"][:4] == ["python", "-m", "runtime.services", "seaweedfs"]
 
 
 def test_scripts_lock_what_they_start() -> None:
     scripts = {p.name: p.read_text() for p in INFRA.glob("*.sh")}
-    assert "flows.services seaweedfs" in scripts["seaweedfs.sh"] and "s3.json" not in scripts["seaweedfs.sh"]
+    assert "runtime.services seaweedfs" in scripts["seaweedfs.sh"] and "s3.json" not in scripts["seaweedfs.sh"]
     assert "PREFECT_SERVER_API_AUTH_STRING=$PREFECT_API_AUTH_STRING" in scripts["prefect-server.sh"]
     assert "PREFECT_API_AUTH_STRING:?" in scripts["prefect-worker.sh"]
     dask = scripts["dask-cluster.sh"]

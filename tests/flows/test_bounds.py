@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.process_groups import die_with_parent
 from flows.search import QUESTIONS_PER_BATCH
+from runtime.process_groups import die_with_parent
 from tests.flows.conftest import PublishedIndex
 from tests.rag_core.train.conftest import tiny  # noqa: F401 -- the recipe tests' small index, cloze files, BART
 
@@ -102,7 +102,7 @@ def test_an_io_task_retries_a_transport_error_and_never_a_programming_error(pref
                                                                              error: type, attempts: int) -> None:
     from prefect import flow
 
-    from tasks.ingest import io_task
+    from tasks.retry_policy import io_task
 
     failing = io_task(_fails_with)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.process_groups import die_with_parent
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
@@ -19,6 +18,7 @@ from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
 from rag_core.train.cloze import ClozeConfig, cloze_examples
 from rag_core.train.examples import write_examples
+from runtime.process_groups import die_with_parent
 from tasks.registry import log_rag_model, register
 from tasks.tracking import tracked_run
 from tests.encoderfiles import save_tiny_bert

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.process_groups import die_with_parent
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.retention import holders
 from rag_core.storage import Store
+from runtime.process_groups import die_with_parent
 from tests.conftest import SHARED_DATA
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
@@ -92,7 +92,7 @@ def test_every_evaluation_of_finetune_is_bounded_by_eval_examples(tmp_path: Path
     """The recipe's dev-loss passes read at most --eval-examples dev examples, as the flow's evaluations do."""
     from flows.cli import build_parser
     from flows.cli_train import finetune_request
-    from flows.settings import Settings
+    from runtime.settings import Settings
 
     generator = save_tiny_llama(tmp_path / "llama")
     args = build_parser().parse_args(["finetune", "--task", "cloze", "--generator", str(generator),

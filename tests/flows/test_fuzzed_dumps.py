@@ -27,11 +27,11 @@ from typing import NamedTuple
 import pytest
 
 from flows.cli import main
-from flows.process_groups import die_with_parent, stop_process_group
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import read_passages
 from rag_core.wiki.multistream import read_index
+from runtime.process_groups import die_with_parent, stop_process_group
 from tests.conftest import SAMPLE_BZ2
 from tests.flows.conftest import PublishedIndex
 from tests.flows.test_index_rebuild import _pages, write_dump

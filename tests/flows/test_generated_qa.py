@@ -85,7 +85,7 @@ def test_the_stage_publishes_once_reuses_it_and_leaks_no_dev_question(
 def test_the_gate_fails_on_a_bad_dataset_and_nothing_is_published(
         index, home: Path, prefect_server: str) -> None:
     from flows.generated_qa import generated_qa
-    from flows.ingest import dask_runner
+    from runtime.dask_runner import dask_runner
 
     store, version = index
     config = GeneratedQAConfig(shards=2, min_pairs=100_000, top_k=3)  # more pairs than 120 passages can give

@@ -16,9 +16,6 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.index_rebuild import index_rebuild
-from flows.ingest import dask_runner
-from flows.process_groups import die_with_parent
-from flows.settings import Settings, StoreAccess
 from rag_core.errors import GateError
 from rag_core.index.embeddings import EmbedConfig, range_record, read_ref
 from rag_core.index.encoders import Encoder, EncoderConfig
@@ -28,6 +25,9 @@ from rag_core.index.versions import latest_version, list_versions, read_index_ma
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import IngestConfig, read_passages
+from runtime.dask_runner import dask_runner
+from runtime.process_groups import die_with_parent
+from runtime.settings import Settings, StoreAccess
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.dumpfiles import page_xml, write_multistream
 from tests.encoderfiles import save_tiny_bert
@@ -291,7 +291,7 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
                                                                 prefect_server: str, tmp_path: Path) -> None:
     """The README's main job on the sample's first 14 articles (719 of its 4,391 passages: the whole sample is the
     README command's, checked in a fresh clone at each stop); the sample's own fetch is tested in
-    tests/flows/test_sample.py."""
+    tests/runtime/test_sample_dump.py."""
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
     dump, _ = write_dump(tmp_path, _pages(articles))
     llama = save_tiny_llama(tmp_path / "llama")  # the real default generator's fetch is tested in test_models

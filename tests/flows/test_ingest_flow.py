@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from pydantic import Secret
 
-from flows.ingest import dask_runner, ingest
-from flows.settings import StoreAccess
+from flows.ingest import ingest
 from rag_core.errors import DumpError, GateError
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import IngestConfig, published_manifest, read_passages
 from rag_core.wiki.passages import passages_from_pages
+from runtime.dask_runner import dask_runner
+from runtime.settings import StoreAccess
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2, S3Server
 from tests.dumpfiles import page_xml, write_multistream
 

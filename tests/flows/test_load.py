@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.process_groups import die_with_parent
+from runtime.process_groups import die_with_parent
 from tests.conftest import SHARED_DATA
 from tests.flows.conftest import PublishedIndex
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main, report_published
-from flows.settings import Settings
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.versions import latest_version, list_versions, read_index_manifest
 from rag_core.storage import Store
+from runtime.settings import Settings
 from tests.conftest import S3Server
 from tests.encoderfiles import save_tiny_bert
 from tests.flows.test_storage_outage import REPO, Busy503Proxy, Run, _dump

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.process_groups import die_with_parent
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.versions import latest_version
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
+from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.encoderfiles import save_tiny_bert
 from tests.flows.test_index_rebuild import QUESTIONS, _pages, write_dump

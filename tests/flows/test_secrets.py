@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from flows.process_groups import die_with_parent
 from rag_core.wiki.dumps import DumpSource, iter_pages
+from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.encoderfiles import save_tiny_bert
 from tests.flows.test_index_rebuild import _pages, write_dump

@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import pytest
 
-from flows.process_groups import die_with_parent
 from rag_core.index.versions import latest_version
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
+from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.flows.test_index_rebuild import _pages, write_dump
 

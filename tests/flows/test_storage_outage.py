@@ -33,13 +33,13 @@ import pytest
 import s3fs
 
 from flows.cli import main
-from flows.process_groups import die_with_parent
-from flows.settings import Settings, retry_window_s
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.search import ShardedIndex
 from rag_core.index.versions import latest_version
 from rag_core.storage import S3FS_TRIES, Store, StoreUnreachableError
 from rag_core.wiki.dumps import DumpSource, iter_pages
+from runtime.process_groups import die_with_parent
+from runtime.settings import Settings, retry_window_s
 from tests.conftest import SAMPLE_BZ2, S3Server, SeaweedFS
 from tests.encoderfiles import save_tiny_bert
 from tests.flows.test_index_rebuild import _pages, write_dump

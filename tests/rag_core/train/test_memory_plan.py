@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.process_groups import die_with_parent
 from rag_core.index.versions import read_index_manifest
 from rag_core.model.generators import load_generator, train_last_blocks
 from rag_core.train.memory_plan import (
@@ -27,6 +26,7 @@ from rag_core.train.memory_plan import (
     trained_count,
 )
 from rag_core.train.recipe import TrainConfig
+from runtime.process_groups import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[3]
 

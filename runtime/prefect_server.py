@@ -34,9 +34,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from flows.process_groups import die_with_parent, stop_process_group
 from rag_core.errors import WikiragError
 from rag_core.storage import user_cache_dir
+from runtime.process_groups import die_with_parent, stop_process_group
 
 log = logging.getLogger("wikirag.prefect")
 

@@ -19,7 +19,7 @@ record per service under ``<home>/services/`` says what runs where, and
 ``down`` stops exactly those process groups (after checking that the pid
 still runs the command it recorded). ``up`` is idempotent: a healthy service
 is kept. A start that fails stops what this call started: nothing is left
-half-up. Every engine asks for credentials (flows/service_credentials.py):
+half-up. Every engine asks for credentials (runtime/service_credentials.py):
 they come from the environment of ``up`` and live only in the processes'
 environments (SeaweedFS's identities in a file in memory); no argv, record,
 log line or printed line holds them. Dask's certificates are issued by ``up``
@@ -44,10 +44,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from flows.process_groups import stop_process_group
-from flows.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCredentials, ServicesError, TlsFiles,
+from runtime.process_groups import stop_process_group
+from runtime.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCredentials, ServicesError, TlsFiles,
                                        exec_seaweedfs, memory_file)
-from flows.service_health import (bucket_ready, dask_workers_up, http_ok, mlflow_accepts, port_free, tcp_open,
+from runtime.service_health import (bucket_ready, dask_workers_up, http_ok, mlflow_accepts, port_free, tcp_open,
                                   workers_online)
 
 log = logging.getLogger("wikirag.services")
@@ -128,8 +128,8 @@ def _mlflow_auth_config(root: Path) -> Path:
 
 def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path) -> list[Service]:
     """The services of one workspace, in start order."""
-    from flows.local_cluster import NANNY_ENVIRONMENT, without_dask_trim
-    from flows.settings import QUIET_ENVIRONMENT
+    from runtime.local_cluster import NANNY_ENVIRONMENT, without_dask_trim
+    from runtime.settings import QUIET_ENVIRONMENT
 
     root = home / "services"
     shared = exports(ports, home)
@@ -398,7 +398,7 @@ def create_buckets(endpoint: str, creds: ServiceCredentials, timeout: float = 12
         time.sleep(1)
 
 
-_USAGE = """usage: python -m flows.services buckets | seaweedfs WEED_ARGV... | tls DIR
+_USAGE = """usage: python -m runtime.services buckets | seaweedfs WEED_ARGV... | tls DIR
   buckets          create the store's and MLflow's buckets (endpoint from AWS_ENDPOINT_URL, both identities)
   seaweedfs ARGV   run SeaweedFS with the two identities from the environment, as a file in memory only
   tls DIR          issue Dask's CA and certificates into DIR (keys 0600)"""
@@ -416,4 +416,4 @@ if __name__ == "__main__":  # the entry points of infra/compose.yaml, infra/k8s 
         else:
             sys.exit(_USAGE)
     except ServicesError as exc:
-        sys.exit(f"flows.services: error: {exc}")
+        sys.exit(f"runtime.services: error: {exc}")

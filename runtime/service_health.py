@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from urllib.error import HTTPError
 
-from flows.service_credentials import S3Identity, ServicesError, TlsFiles
+from runtime.service_credentials import S3Identity, ServicesError, TlsFiles
 
 
 def http_ok(url: str) -> bool:

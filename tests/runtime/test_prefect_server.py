@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from flows import prefect_api as prefect_api_module
-from flows.prefect_api import _healthy, prefect_api, template_path
 from rag_core.errors import WikiragError
+from runtime import prefect_server
+from runtime.prefect_server import _healthy, prefect_api, template_path
 from tests.flows.test_stopping import REPO, _descendants, _still_running
 
 # What the commands' ``meanwhile`` does, in a fresh process (where nothing has imported Prefect yet).
@@ -25,7 +25,7 @@ FLOW_IMPORTS = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from flows.cli import import_flow
-    from flows.prefect_api import _healthy, prefect_api
+    from runtime.prefect_server import _healthy, prefect_api
 
     seen = {"prefect_before": "prefect" in sys.modules}
     def meanwhile():
@@ -162,15 +162,15 @@ def test_a_template_that_a_server_cannot_start_from_is_dropped_and_the_next_star
 
 def test_server_ports_come_from_below_the_ephemeral_range_and_from_it_only_when_that_is_full(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    low, _ = prefect_api_module._ephemeral_range()
-    ports = [prefect_api_module._free_port() for _ in range(20)]
+    low, _ = prefect_server._ephemeral_range()
+    ports = [prefect_server._free_port() for _ in range(20)]
     # Below the range, no outgoing connection or bind(0) on the machine can take the port before the server binds it.
     assert all(1024 <= port < low for port in ports) and len(set(ports)) > 1
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[0]))  # free indeed
-    real = prefect_api_module._ephemeral_range()
-    monkeypatch.setattr(prefect_api_module, "_ephemeral_range", lambda: (1024, 60999))  # nothing below it
-    fallback = prefect_api_module._free_port()
+    real = prefect_server._ephemeral_range()
+    monkeypatch.setattr(prefect_server, "_ephemeral_range", lambda: (1024, 60999))  # nothing below it
+    fallback = prefect_server._free_port()
     assert real[0] <= fallback <= real[1]  # the kernel's bind(0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", fallback))

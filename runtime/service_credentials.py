@@ -94,7 +94,7 @@ def memory_file(content: bytes) -> int:
 def exec_seaweedfs(argv: list[str]) -> None:
     """Replace this process with SeaweedFS (``argv``), its two identities read from the environment.
 
-    The containers' entry point (``python -m flows.services seaweedfs weed mini ...``): the identities reach
+    The containers' entry point (``python -m runtime.services seaweedfs weed mini ...``): the identities reach
     SeaweedFS as a file in memory and the secrets leave the environment it runs with.
     """
     credentials = ServiceCredentials.from_environment(ServiceCredentials.NAMES[:4])

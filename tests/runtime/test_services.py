@@ -257,7 +257,7 @@ def test_services_run_the_deployments_on_real_engines(services: Services, wiki: 
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:]
     from distributed import Client
 
-    from flows.services import tls_files
+    from runtime.services import tls_files
 
     with Client(exports["WIKIRAG_DASK_ADDRESS"], timeout=30, security=tls_files(home).security()) as client:
         # the workers the ingest ran on; a lambda travels by value, so os.environ is the worker's own (a bound

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster, without_dask_trim
+from runtime.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster, without_dask_trim
 from tests.flows.test_stopping import _descendants, _still_running
 
 
@@ -72,8 +72,8 @@ async def _heartbeat_to_a_closed_port(dask_worker) -> str:
 
 LOST_HEARTBEAT_SCRIPT = """
 from distributed import Client
-from flows.local_cluster import BoundedLocalCluster
-from tests.flows.test_local_cluster import _heartbeat_to_a_closed_port
+from runtime.local_cluster import BoundedLocalCluster
+from tests.runtime.test_local_cluster import _heartbeat_to_a_closed_port
 
 with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                          dashboard_address=None) as cluster, Client(cluster) as client:
@@ -113,8 +113,8 @@ def _worker_sampling(dask_worker) -> dict:
 SAMPLING_SCRIPT = """
 import json
 from distributed import Client
-from flows.local_cluster import BoundedLocalCluster
-from tests.flows.test_local_cluster import _spin, _worker_sampling
+from runtime.local_cluster import BoundedLocalCluster
+from tests.runtime.test_local_cluster import _spin, _worker_sampling
 
 with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                          dashboard_address=None) as cluster, Client(cluster) as client:

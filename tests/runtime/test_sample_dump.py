@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.sample import SAMPLE_NAME, SAMPLE_SHA256, fetch_sample
+from runtime.sample_dump import SAMPLE_NAME, SAMPLE_SHA256, fetch_sample
 
 pytestmark = pytest.mark.slow
 

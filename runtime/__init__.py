@@ -1,0 +1,3 @@
+"""What reads the environment and runs processes: settings, process groups, stop signals, the local Dask
+cluster, the local Prefect server and the services. It imports only ``rag_core`` and the engines themselves;
+``tasks``, ``flows`` and the CLI import it."""
