@@ -2,7 +2,8 @@
 
 In the spirit of PAQ (Lewis et al. 2021), for one shard of the passage set:
 
-1. **Answer spans and questions**: each complete sentence of a passage goes through the
+1. **Answer spans and questions**: each complete sentence of a passage (and its rewordings,
+   with the passage's pronoun for its title: :mod:`rag_core.train.sentence_views`) goes through the
    rules of :mod:`rag_core.train.question_rules`; a rule that fits gives a question and
    the answer's offsets, kept as offsets into the passage text (``text[answer_start:
    answer_end] == answer``).
@@ -35,6 +36,7 @@ from rag_core.train.cloze import ClozeConfig, dev_pages, sentences
 from rag_core.train.examples import Example, Provenance
 from rag_core.train.generated_qa_reader import Read, reader_agrees
 from rag_core.train.question_rules import questions
+from rag_core.train.sentence_views import title_pronoun
 
 KIND = "generated-qa"
 PAIR_SCHEMA = pa.schema([
@@ -106,8 +108,9 @@ def shard_rows(n_rows: int, shard: int, shards: int) -> tuple[int, int]:
 def passage_pairs(passage_id: str, page_id: int, title: str, text: str, per_passage: int) -> list[dict]:
     """Up to ``per_passage`` pairs from one passage, in sentence order, with the answer's offsets in ``text``."""
     out: list[dict] = []
+    pronoun = title_pronoun(text, title)
     for start, end in sentences(text):
-        for q in questions(text[start:end], title):
+        for q in questions(text[start:end], title, pronoun):
             a, b = start + q.start, start + q.end
             out.append({"id": f"{passage_id}:{a}:{q.rule}", "question": q.question, "answer": text[a:b],
                         "passage_id": passage_id, "page_id": page_id, "title": title, "answer_start": a,

@@ -31,7 +31,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance, TaskDataError, examples_jsonl
 from rag_core.model.retriever import RetrieverError
 from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, Search, pair_examples
-from rag_core.train import question_rules
+from rag_core.train import question_rules, sentence_views, verb_forms
 from rag_core.train.readers import json_array_records, jsonl_records, read_text, tsv_rows
 
 DATASET_DIR = ("tasks", KIND)
@@ -108,8 +108,10 @@ def index_search(store: Store, index_version: str) -> Search:
 
 def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:
     """12 hex digits naming the recipe, the question rules and the held-out items the pairs were filtered against."""
-    # This module's rules decide the questions: an edited rule set makes another dataset, never reuses the old one.
-    digest = hashlib.sha256(config.model_dump_json().encode() + Path(question_rules.__file__).read_bytes())
+    # These modules decide the questions: an edited rule set makes another dataset, never reuses the old one.
+    digest = hashlib.sha256(config.model_dump_json().encode())
+    for module in (question_rules, sentence_views, verb_forms):
+        digest.update(Path(module.__file__).read_bytes())
     for item in sorted(held.questions) + sorted("\t".join(p) for p in held.answer_places):
         digest.update(item.encode() + b"\n")
     return digest.hexdigest()[:12]

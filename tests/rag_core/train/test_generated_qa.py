@@ -52,6 +52,18 @@ HAND_WORKED = [
     ("Aristotle was the teacher of Alexander.", "role-of", "Who was the teacher of Alexander?", "Aristotle"),
     ("Algiers is the capital of Algeria.", "role-of", "What is the capital of Algeria?", "Algiers"),
     ("The capital of Alabama is Montgomery.", "of-is", "What is the capital of Alabama?", "Montgomery"),
+    ("The Kingdom of Albania was established by Charles of Anjou.", "made-by",
+     "Who established the Kingdom of Albania?", "Charles of Anjou"),
+    ("Spain joined the war in 1779.", "when-did", "When did Spain join the war?", "1779"),
+    ("Aldous Leonard Huxley (26 July 1894 – 22 November 1963) was an English writer.", "life-born",
+     "When was Aldous Leonard Huxley born?", "26 July 1894"),
+    ("Aldous Leonard Huxley (26 July 1894 – 22 November 1963) was an English writer.", "life-died",
+     "When did Aldous Leonard Huxley die?", "22 November 1963"),
+    ("Neil Armstrong was the first person to walk on the Moon.", "first-to",
+     "Who was the first person to walk on the Moon?", "Neil Armstrong"),
+    ("Tirana is a city in Albania.", "where-is", "Where is Tirana?", "Albania"),
+    ("Lincoln appointed 32 federal judges.", "how-many-did", "How many federal judges did Lincoln appoint?", "32"),
+    ("Alaska is also known as Alyeska.", "known-as", "What is Alaska also known as?", "Alyeska"),
 ]
 
 
@@ -76,7 +88,8 @@ def test_each_rule_makes_its_question_and_answer_span(sentence: str, rule: str, 
 ])
 def test_who_did_takes_its_name_from_the_sentence_and_the_title(sentence: str, title: str,
                                                                   expected: list[tuple[str, str]]) -> None:
-    assert [(q.question, sentence[q.start:q.end]) for q in questions(sentence, title)] == expected
+    made = [(q.question, sentence[q.start:q.end]) for q in questions(sentence, title) if q.rule == "who-did"]
+    assert made == expected
 
 
 def test_every_rule_has_a_hand_worked_case() -> None:
@@ -86,7 +99,7 @@ def test_every_rule_has_a_hand_worked_case() -> None:
 @pytest.mark.parametrize("sentence", [
     "He was born in 1950.",  # a pronoun: who?
     "The city was founded in 1821.",  # no name: which city?
-    "In 1990 Tirana was founded.",  # a preposition opens the sentence: not a subject
+    "In 1990 the city was founded.",  # a date first moves to the end, but "the city" names nothing
     "The journal is published by MDPI and was established in 2008.",  # a clause, not a noun phrase
     "Algeria is the capital of Algeria.",  # the question would show its answer
     "Lincoln was born in May 1809.",  # a month is no birthplace (born-when asks it)
@@ -101,7 +114,7 @@ def test_spans_of_real_passages_are_inside_their_passage(wiki: Path) -> None:
     passages = sample_passages()
     texts = dict(zip(passages.column("passage_id").to_pylist(), passages.column("text").to_pylist(), strict=True))
     pairs = candidate_pairs(passages, per_passage=3)
-    assert len(pairs) > 50 and len({p["rule"] for p in pairs}) >= 8
+    assert len(pairs) > 450 and len({p["rule"] for p in pairs}) >= 16
     for pair in pairs:
         assert 0 <= pair["answer_start"] < pair["answer_end"] <= len(texts[pair["passage_id"]])
         assert texts[pair["passage_id"]][pair["answer_start"]:pair["answer_end"]] == pair["answer"]
