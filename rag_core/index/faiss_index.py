@@ -140,6 +140,14 @@ def choose_factory(
        tight it cannot fit: when the recall gate fails here, the fix is more
        memory (a higher tier), not a refine.
 
+    A version of ``shards`` > 1, trained together (:func:`train_index`), tries
+    ``IVF{k}_HNSW32,Flat`` (4d + 8; k ~ 4*sqrt(n) for the whole index, the
+    centroids found through an HNSW graph) right after Flat: its shards share
+    one coarse quantizer and, searched together, cost what one such index
+    costs, where HNSW32 shards each cost nearly a whole graph walk
+    (docs/benchmarks.md). The tiers below it then size their lists for the
+    whole index too.
+
     Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
     The recall target is a prior, not a guarantee: the recall gate measures it.
     """
@@ -147,7 +155,7 @@ def choose_factory(
         raise IndexBuildError(f"cannot size an index for {n_vectors} vectors of dimension {dim}")
     shard_n = max(1, shard_vectors or n_vectors)
     train_n = shard_n if train_vectors is None else train_vectors
-    n_shards = max(1, math.ceil(n_vectors / shard_n))
+    n_shards = max(shards, math.ceil(n_vectors / shard_n))
     budget = math.inf if memory_budget_bytes is None else memory_budget_bytes
 
     def fits(per_vector: float, per_shard: float = 0.0) -> bool:
@@ -156,6 +164,10 @@ def choose_factory(
     if (n_vectors <= FLAT_MAX_VECTORS or recall_target >= EXACT_RECALL) and fits(4 * dim):
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
+    if shards > 1:
+        lists = ivf_lists(n_vectors, train_n)
+        if fits(4 * dim + IVF_ID_BYTES, (4 * dim + graph) * lists):  # each shard holds the quantizer
+            return f"IVF{lists}_HNSW{HNSW_M},Flat"
     if fits(4 * dim + graph):
         return f"HNSW{HNSW_M}"
     if fits(dim + graph, 8 * dim):

@@ -19,10 +19,13 @@ from rag_core.index.faiss_index import (
     build_shard_index,
     build_tuned_shard,
     choose_factory,
+    coarse_fingerprint,
     deserialize_index,
     ivf_lists,
+    needs_training,
     serialize_index,
     sha256_hex,
+    train_index,
 )
 from rag_core.index.versions import (
     IndexVersionError,
@@ -92,6 +95,47 @@ def test_choose_factory_across_sizes_and_budgets() -> None:
     # the family follows the whole index; the IVF lists follow one shard and its training set
     assert choose_factory(4_000_000, d, 4_000_000 * 450, shard_vectors=250_000) == "IVF2048,SQ8"
     assert choose_factory(4_000_000, d, 4_000_000 * 450, shard_vectors=250_000, train_vectors=20_000) == "IVF512,SQ8"
+
+
+def test_auto_for_a_sharded_version_is_ivf_sized_for_the_whole() -> None:
+    n, d = 200_000, 384
+    assert choose_factory(n, d, shards=4, train_vectors=100_000) == "IVF2048_HNSW32,Flat"  # 4*sqrt(200k) -> 2048
+    config = IndexConfig()
+    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF2048_HNSW32,Flat"
+    assert config.resolve_factory(50_000, d, total_vectors=n) == "HNSW32"  # shards trained apart: a graph each
+    assert config.resolve_factory(2_000, d, total_vectors=8_000, shards=4) == "Flat"  # small: exact
+    assert choose_factory(n, d, n * 700, shards=4) == "HNSW32_SQ8"  # 4d + 8 bytes a vector do not fit
+    assert choose_factory(n, d, n * 500, shards=4) == "IVF2048,SQ8"  # lower tiers: lists for the whole too
+    quantizer = (4 * d + 8 * 32 + 16) * 2048  # every shard holds a copy
+    assert choose_factory(n, d, n * (4 * d + 8) + 4 * quantizer, shards=4) == "IVF2048_HNSW32,Flat"
+    assert choose_factory(n, d, n * (4 * d + 8) + 3 * quantizer, shards=4) != "IVF2048_HNSW32,Flat"
+
+
+def test_shards_filling_one_trained_index_share_its_coarse_quantizer(data) -> None:
+    base, queries, truth = data
+    config = IndexConfig(factory="IVF64_HNSW32,Flat", tune_queries=100, train_sample=5_000)
+    assert needs_training(config.factory, 64) and not needs_training("HNSW32", 64) and not needs_training("Flat", 64)
+    trained = train_index(base, config)
+    again = train_index(base, config)  # a seeded sample: the same centroids on every run
+    assert coarse_fingerprint(again.index) == coarse_fingerprint(trained.index) is not None
+    built = [build_tuned_shard(base[a:a + 5_000], config, shard_id=s, trained=trained)
+             for s, a in enumerate(range(0, 20_000, 5_000))]
+    assert trained.index.ntotal == 0  # each shard filled a copy
+    assert {r["coarse_sha256"] for _, r in built} == {coarse_fingerprint(trained.index)}
+    assert [i.ntotal for i, _ in built] == [5_000] * 4
+    apart = build_tuned_shard(base[:5_000], config)[1]  # trained on its own rows: other centroids, not named
+    assert "coarse_sha256" not in apart and coarse_fingerprint(built[0][0]) != coarse_fingerprint(
+        build_shard_index(base[:5_000], config))
+    assert coarse_fingerprint(build_shard_index(base[:100], IndexConfig(factory="HNSW32"))) is None
+    with pytest.raises(IndexBuildError, match="trained 'IVF64_HNSW32,Flat' index holds 0 vectors of dimension 64"):
+        build_tuned_shard(base[:100, :32], config.model_copy(update={"factory": "IVF64_HNSW32,Flat"}),
+                          trained=trained)
+    filled = faiss.clone_index(trained.index)
+    filled.add(base[:10])
+    with pytest.raises(IndexBuildError, match="holds 10 vectors"):
+        build_tuned_shard(base[:100], config, trained=type(trained)(trained.factory, filled))
+    with pytest.raises(IndexBuildError, match="factory string 'NoSuchIndex'"):
+        needs_training("NoSuchIndex", 64)
 
 
 def test_ivf_lists_are_powers_of_two_with_enough_training_points() -> None:
