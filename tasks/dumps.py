@@ -6,22 +6,11 @@ from prefect import get_run_logger
 
 from rag_core.storage import Store
 from rag_core.wiki.dump_mirror import MirroredDump, find_mirror, mirror_dump, verify_mirror
-from rag_core.wiki.dump_site import DatedDump, DumpCheck, DumpSiteConfig, check_site, dump_date_of
+from rag_core.wiki.dump_site import DatedDump, DumpCheck, DumpSiteConfig, check_site, dump_date_behind_latest
 from tasks.retry_policy import io_task
 
 # A line per tenth of a file's pieces: a 24 GB dump in 32 MiB pieces is ~750 of them.
 PROGRESS_STEPS = 10
-
-
-def dump_date_behind_latest(store: Store, wiki: str) -> str | None:
-    """The date of the dated ``wiki`` dump the LATEST index was built from; None when nothing is published or its
-    dump is not a dated one of that wiki (a local file, a ``latest`` URL): any complete dump is then newer."""
-    from rag_core.index.versions import latest_version, read_index_manifest  # faiss: only where an index is read
-
-    if latest_version(store) is None:
-        return None
-    url = (read_index_manifest(store).dump or {}).get("url")
-    return dump_date_of(url, wiki) if isinstance(url, str) else None
 
 
 @io_task

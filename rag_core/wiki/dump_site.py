@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from rag_core.storage import Store
 from rag_core.wiki.dump_http import DumpSiteClient, DumpSiteError, DumpSiteNotFoundError, HttpPolicy
 
 # Large wikis write the multistream dump in parts, then recombine them into the one file (and index) named here.
@@ -109,6 +110,18 @@ def dump_date_of(url: str, wiki: str) -> str | None:
     name = url.rstrip("/").rsplit("/", 1)[-1]
     match = re.fullmatch(rf"{re.escape(wiki)}-(\d{{8}})-{re.escape(DUMP_SUFFIX)}", name)
     return match[1] if match else None
+
+
+def dump_date_behind_latest(store: Store, wiki: str) -> str | None:
+    """The date of the dated ``wiki`` dump the LATEST index was built from (its manifest records the dump's URL);
+    None when nothing is published or its dump is not a dated one of that wiki (a local file, a ``latest`` URL):
+    any complete dump is then newer."""
+    from rag_core.index.versions import latest_version, read_index_manifest  # faiss: only where an index is read
+
+    if latest_version(store) is None:
+        return None
+    url = (read_index_manifest(store).dump or {}).get("url")
+    return dump_date_of(url, wiki) if isinstance(url, str) else None
 
 
 def list_dates(config: DumpSiteConfig, client: DumpSiteClient) -> list[str]:
