@@ -6,7 +6,10 @@ generator from ``wikirag models fetch``, zero-shot), the same questions for all 
 WebQuestions and CuratedTrec questions answerable from the sample; dev is what the reader was tuned
 on, test is held out).
 
-Reported: exact match and token F1 (SQuAD normalisation: lower case, no punctuation or articles),
+The reader is rag_core's default: short answers, grounded decoding (an answer whose span is in none
+of its passages is decoded again under a mask that admits only passage spans, behind its reply's
+lead-in; rag_core.model.grounded_decoding). Reported: exact match and token F1 (SQuAD normalisation:
+lower case, no punctuation or articles),
 answer-in-output (a normalised answer occurs in the normalised output, whole words), mean and
 median answer words, seconds per question (one torch thread), and retrieval recall@n_docs (an
 answer occurs in one of the retrieved passages). Goals (issue 37): RAG >= 65% answer-in-output and
@@ -88,7 +91,11 @@ def main() -> int:
         print(f"{i + 1}/{len(items)} {item['question']} -> " + " | ".join(
             f"{k}: {v}" for k, v in row["outputs"].items()), file=sys.stderr, flush=True)
     info.finish()
-    lines = report(rows, seconds, notes, info, args, str(model.generator.dtype).removeprefix("torch."))
+    info.notes.append("s / question: one torch thread, on a machine shared with other jobs at the load above; not "
+                      "a timing figure (bench/answer_speed.py times answers). The accuracy columns do not depend "
+                      "on the load.")
+    lines = report(rows, seconds, notes, info, args, str(model.generator.dtype).removeprefix("torch."),
+                   model.config.grounded)
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
@@ -96,12 +103,13 @@ def main() -> int:
 
 
 def report(rows: list[dict], seconds: dict[str, float], notes: list[str], info: RunInfo, args,
-           dtype: str) -> list[str]:
+           dtype: str, grounded: bool) -> list[str]:
     n = len(rows)
     sources = Counter(r["source"] for r in rows)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
     lines = [f"## Answer quality on the {args.split} split of the project's questions ({n}: {counts}; "
-             f"n_docs={args.n_docs}, zero-shot, generator {dtype})", "",
+             f"n_docs={args.n_docs}, zero-shot, generator {dtype}, grounded decoding "
+             f"{'on' if grounded else 'off'})", "",
              *info.markdown_header(), *(f"- {note}" for note in notes), "",
              "| system | exact match | token F1 | answer in output | mean words | median words | s / question |",
              "|---|---|---|---|---|---|---|"]

@@ -20,6 +20,7 @@ start token stands), then the answer tokens, pad after the first stop token. Cal
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +36,7 @@ from rag_core.model.decoding import (
     _token_mask,
 )
 from rag_core.model.generators import positions
+from rag_core.model.grounded_decoding import PassageSpans, SpanConstrainedStepper
 
 __all__ = ["causal_sequence_generate", "causal_token_generate"]
 
@@ -104,10 +106,12 @@ def _config(model, settings: dict):
 
 @torch.no_grad()
 def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int, *,
-                          num_return_sequences: int = 1, **settings) -> Tensor:
+                          num_return_sequences: int = 1, spans: Sequence[PassageSpans] | None = None,
+                          **settings) -> Tensor:
     """RAG-Token decoding; settings as in :func:`rag_core.model.decoding.rag_token_generate`.
 
-    ``max_length`` counts the placeholder column (``max_new_tokens`` = answer tokens).
+    ``max_length`` counts the placeholder column (``max_new_tokens`` = answer tokens). ``spans``, one
+    per question (its passages' spans): grounded decoding (:mod:`rag_core.model.grounded_decoding`).
     Returns ``[batch * num_return_sequences, T]``: placeholder, answer tokens, pad after the stop token.
     """
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
@@ -118,6 +122,9 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
     prefill = _Prefill(model, input_ids, mask)
     prompt_rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     stepper = _MarginalStepper(model, prefill, prompt_rows, doc_scores, n_docs, config.num_beams)
+    if spans is not None:
+        stepper = SpanConstrainedStepper(stepper, _one_per(spans, doc_scores.shape[0]), config.num_beams,
+                                         config.eos_token_id)
     if config.num_beams == 1:
         return _pad_after_eos(_greedy(stepper, config, doc_scores.shape[0]), config)
     return _pad_after_eos(_beam_search(stepper, config, doc_scores.shape[0], num_return_sequences), config)
@@ -125,8 +132,13 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
 
 @torch.no_grad()
 def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int, *,
-                             mode: str = "thorough", num_return_sequences: int = 1, **settings) -> SequenceHypotheses:
-    """RAG-Sequence decoding, ``mode`` "thorough" or "fast"; the best candidates and their log p(y|x)."""
+                             mode: str = "thorough", num_return_sequences: int = 1,
+                             spans: Sequence[PassageSpans] | None = None, **settings) -> SequenceHypotheses:
+    """RAG-Sequence decoding, ``mode`` "thorough" or "fast"; the best candidates and their log p(y|x).
+
+    ``spans``, one per prompt row (question-major, ``batch * n_docs``): each document's search emits only
+    spans of its own passage (grounded decoding); scoring and ranking stay unconstrained p(y|x).
+    """
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
     if mode not in ("thorough", "fast"):
         raise ValueError(f"mode must be 'thorough' or 'fast', got {mode!r}")
@@ -136,6 +148,8 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
     prompts = torch.arange(batch * n_docs, device=device)  # [batch * n_docs]: every prompt on its own
     alone = torch.zeros(batch * n_docs, 1, device=device)  # one document each: p(z|x) = 1
     stepper = _MarginalStepper(model, prefill, prompts, alone, 1, beams)
+    if spans is not None:
+        stepper = SpanConstrainedStepper(stepper, _one_per(spans, batch * n_docs), beams, config.eos_token_id)
     if beams == 1:
         outputs = _greedy(stepper, config, batch * n_docs)  # [batch * n_docs, T]
     else:
@@ -160,6 +174,12 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
         seq_ll[cand, docs] = ll
         found.append((candidates, torch.logsumexp(seq_ll + doc_logprobs[b], dim=1)))  # [C, T_b], [C]
     return _select(found, num_return_sequences, config)
+
+
+def _one_per(spans: Sequence[PassageSpans], rows: int) -> Sequence[PassageSpans]:
+    if len(spans) != rows:
+        raise ValueError(f"spans: one PassageSpans per row to decode ({rows}), got {len(spans)}")
+    return spans
 
 
 def _score(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:

@@ -21,7 +21,9 @@ by rules that read only the reply and the question, in this order:
 
 :func:`grounded_choice` is the reader's last step for RAG-Sequence: of the candidates ranked by
 p(y|x), the best whose short answer occurs, whole words after SQuAD normalisation, in one of the
-passages the question retrieved; the best overall when none does. A small generator's likelihoods
+passages the question retrieved and is not made of the question's own words (:func:`is_grounded`);
+the best overall when none does. When none does, the reader decodes again under the grounded mask
+(:mod:`rag_core.model.grounded_decoding`), behind the reply's :func:`lead_in`. A small generator's likelihoods
 favour short, fluent replies whatever the passages say ("Djokovic" over a sentence naming the player
 the passage names); the text of the passages does not.
 
@@ -167,11 +169,23 @@ def short_answer(reply: str, question: str) -> str:
     return text or " ".join(reply.split())
 
 
-def grounded_choice(answers: Sequence[str], passages: Sequence[str]) -> int:
-    """Index of the first of ``answers`` (best first) found in one of ``passages``; 0 when none is (or none given)."""
-    texts = [f" {normalize_answer(passage)} " for passage in passages]
-    for i, answer in enumerate(answers):
-        needle = normalize_answer(answer)
-        if needle and any(f" {needle} " in text for text in texts):
-            return i
-    return 0
+def is_grounded(answer: str, passages: Sequence[str], question: str = "") -> bool:
+    """Whether ``answer`` occurs, whole words after SQuAD normalisation, in one of ``passages`` and says more than
+    ``question`` (an answer all of whose words are the question's, "Angola" to "From which country did Angola
+    become independent?", names no answer)."""
+    needle = normalize_answer(answer)
+    if not needle or set(needle.split()) <= set(normalize_answer(question).split()):
+        return False
+    return any(f" {needle} " in f" {normalize_answer(passage)} " for passage in passages)
+
+
+def grounded_choice(answers: Sequence[str], passages: Sequence[str], question: str = "") -> int:
+    """Index of the first of ``answers`` (best first) that :func:`is_grounded`; 0 when none is (or none given)."""
+    return next((i for i, answer in enumerate(answers) if is_grounded(answer, passages, question)), 0)
+
+
+def lead_in(reply: str, answer: str) -> str:
+    """The words of ``reply`` before its answer span ``answer`` ("The capital of Alaska is"); "" when the reply
+    starts with it or does not hold it."""
+    at = " ".join(reply.split()).find(answer) if answer else -1
+    return " ".join(reply.split())[:at].rstrip() if at > 0 else ""

@@ -92,7 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from rag_core.index.encoders import EncoderConfig, weights_sha256
-from rag_core.model.extract import grounded_choice, short_answer
+from rag_core.model.extract import grounded_choice, is_grounded, lead_in, short_answer
 from rag_core.model.generators import (
     GeneratorConfig,
     RagModelError,
@@ -101,6 +101,7 @@ from rag_core.model.generators import (
     family_of,
     load_generator,
 )
+from rag_core.model.grounded_decoding import PassageSpans
 from rag_core.model.marginalize import rag_sequence_nll, rag_token_nll
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.retriever import IndexRetriever
@@ -130,6 +131,8 @@ class RagConfig(BaseModel):
     short_answers: bool = Field(True, description="generate() returns each reply's answer span, RAG-Sequence the "
                                                   "best one found in its passages (rag_core.model.extract); "
                                                   "False: the best reply as generated (Jeopardy, MS-MARCO)")
+    grounded: bool = Field(True, description="with short_answers and a decoder-only generator: decode only spans "
+                                             "of the retrieved passages (rag_core.model.grounded_decoding)")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
     device: str = Field("cpu", description="torch device for both towers")
@@ -322,12 +325,13 @@ class RagModel(nn.Module):
         "fast". With ``config.short_answers`` each reply is cut to its answer span
         (:func:`rag_core.model.extract.short_answer`: "The capital of Algeria is Algiers." -> "Algiers"),
         and RAG-Sequence answers with its best candidate whose span is in the question's passages
-        (:func:`rag_core.model.extract.grounded_choice`), its best overall when none is.
+        (:func:`rag_core.model.extract.grounded_choice`). With ``config.grounded`` and a decoder-only
+        generator, a question whose answer is in none of its passages is decoded again under
+        :mod:`rag_core.model.grounded_decoding`'s mask, behind its reply's lead-in ("The capital of
+        Alaska is" + a passage span), and answers with that span when it is grounded.
         ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
         start token).
         """
-        from rag_core.model import causal_decoding, decoding
-
         was_training = self.training
         self.eval()
         try:
@@ -337,36 +341,84 @@ class RagModel(nn.Module):
                 batch = questions
             else:
                 batch = self.retrieve(questions, n_docs)
-            settings: dict[str, Any] = {"num_beams": num_beams, "max_length": max_length}
+            settings: dict[str, Any] = {"num_beams": num_beams, "max_length": max_length, "mode": mode}
             if max_new_tokens is not None:
                 settings["max_new_tokens"] = max_new_tokens
-            if self.family.is_decoder_only:
-                token, sequence = causal_decoding.causal_token_generate, causal_decoding.causal_sequence_generate
-                settings.update(eos_token_id=self.family.stop_token_ids, pad_token_id=self.family.pad_token_id)
-            else:
-                token, sequence = decoding.rag_token_generate, decoding.rag_sequence_generate
-            inputs = (self.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores,
-                      batch.n_docs)
-            ranked = batch.n_docs * num_beams if self.config.short_answers and self.config.kind == "sequence" else 1
-            if self.config.kind == "token":
-                ids = token(*inputs, **settings)  # [b, T]
-            else:
-                found = sequence(*inputs, mode=mode, num_return_sequences=ranked, **settings)
-                ids = found.sequences  # [b * ranked, T], best first per question
+            texts, scores, ranked = self._decode(batch, settings)
+            if not self.config.short_answers:
+                return [text.strip() for text in texts]
+            answers, grounded = self._pick(batch, texts, scores, ranked)
+            if self.family.is_decoder_only and self.config.grounded and any(batch.texts) and not all(grounded):
+                # a reply that left its passages: decode again, each row behind its reply's lead-in, under the mask
+                leads = [lead_in(texts[row * ranked], answer) for row, answer in enumerate(answers)]
+                prefixes = [self.generator_tokenizer(lead, add_special_tokens=False)["input_ids"] if lead else []
+                            for lead in leads]
+                again, again_scores, _ = self._decode(batch, settings, prefixes)
+                for row, (answer, ok) in enumerate(zip(*self._pick(batch, again, again_scores, ranked), strict=True)):
+                    if not grounded[row] and ok:
+                        answers[row] = answer
         finally:
             self.train(was_training)
-        texts = self.generator_tokenizer.batch_decode(ids[:, 1:], skip_special_tokens=True)  # after the start token
-        if not self.config.short_answers:
-            return [text.strip() for text in texts]
-        answers = []
+        return answers
+
+    def _decode(self, batch: RetrievalBatch, settings: dict[str, Any],
+                prefixes: list[list[int]] | None = None) -> tuple[list[str], Tensor | None, int]:
+        """Replies (RAG-Sequence: ``ranked`` per question, best first, and their log p(y|x)); with ``prefixes``
+        (one per question), grounded decoding behind them, which the replies do not hold."""
+        from rag_core.model import causal_decoding, decoding
+
+        settings = dict(settings)
+        mode = settings.pop("mode")
+        if self.family.is_decoder_only:
+            token, sequence = causal_decoding.causal_token_generate, causal_decoding.causal_sequence_generate
+            settings.update(eos_token_id=self.family.stop_token_ids, pad_token_id=self.family.pad_token_id)
+            if prefixes is not None:
+                settings["spans"] = self._spans(batch, prefixes)
+                longest = max(map(len, prefixes))  # forced tokens do not count against the answer's length
+                length = "max_new_tokens" if "max_new_tokens" in settings else "max_length"
+                settings[length] += longest
+        else:
+            token, sequence = decoding.rag_token_generate, decoding.rag_sequence_generate
+        inputs = (self.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores,
+                  batch.n_docs)
+        sequence_choice = self.config.short_answers and self.config.kind == "sequence"
+        ranked = batch.n_docs * settings["num_beams"] if sequence_choice else 1  # candidates kept per question
+        scores = None
+        if self.config.kind == "token":
+            ids = token(*inputs, **settings)  # [b, T]
+        else:
+            found = sequence(*inputs, mode=mode, num_return_sequences=ranked, **settings)
+            ids, scores = found.sequences, found.scores  # [b * ranked, T], best first per question
+        rows = ids[:, 1:].tolist()  # after the start token
+        if prefixes is not None:
+            rows = [row[len(prefixes[i // ranked]):] for i, row in enumerate(rows)]
+        return self.generator_tokenizer.batch_decode(rows, skip_special_tokens=True), scores, ranked
+
+    def _pick(self, batch: RetrievalBatch, texts: list[str], scores: Tensor | None,
+              ranked: int) -> tuple[list[str], list[bool]]:
+        """Per question, the answer span of its best reply that :func:`is_grounded` (its best reply's when none
+        is), and whether it is."""
+        answers, grounded = [], []
         for row, question in enumerate(batch.questions):
             mine = range(row * ranked, (row + 1) * ranked)
-            if ranked > 1:  # RAG-Sequence's distinct candidates; -inf marks a missing one
-                mine = [i for i in mine if found.scores[i] > -torch.inf] or [row * ranked]
+            if scores is not None and ranked > 1:  # RAG-Sequence's distinct candidates; -inf marks a missing one
+                mine = [i for i in mine if scores[i] > -torch.inf] or [row * ranked]
             shorts = [short_answer(texts[i], question) for i in mine]
             passages = [f"{title} {text}" for title, text in zip(batch.titles[row], batch.texts[row], strict=True)]
-            answers.append(shorts[grounded_choice(shorts, passages)])
-        return answers
+            answers.append(shorts[grounded_choice(shorts, passages, question)])
+            grounded.append(is_grounded(answers[-1], passages, question))
+        return answers, grounded
+
+    def _spans(self, batch: RetrievalBatch, prefixes: list[list[int]]) -> list[PassageSpans]:
+        """What grounded decoding may emit, behind each question's prefix: RAG-Token, one trie per question over
+        all its passages; RAG-Sequence, one per (question, passage), as each passage's search proposes its own."""
+        tokenizer = self.generator_tokenizer
+        if self.config.kind == "token":
+            return [PassageSpans(tokenizer, [*titles, *texts]).after(prefix)
+                    for titles, texts, prefix in zip(batch.titles, batch.texts, prefixes, strict=True)]
+        return [PassageSpans(tokenizer, [title, text]).after(prefix)
+                for titles, texts, prefix in zip(batch.titles, batch.texts, prefixes, strict=True)
+                for title, text in zip(titles, texts, strict=True)]
 
     # -- saving and loading --------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> Path:

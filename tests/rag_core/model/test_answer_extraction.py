@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_core.model.extract import grounded_choice, short_answer
+from rag_core.model.extract import grounded_choice, is_grounded, lead_in, short_answer
 
 CASES = [
     # a sentence that restates the question around a copula
@@ -86,3 +86,29 @@ def test_grounded_choice_falls_back_to_the_best_when_no_passage_holds_an_answer(
     assert grounded_choice(["Federer", "Agas"], PASSAGES) == 0  # whole words: "Agassi" does not hold "Agas"
     assert grounded_choice(["Federer", "Graf Steffi"], PASSAGES) == 0  # in the passage's order
     assert grounded_choice(["Steffi Graf"], []) == 0  # closed book: no passages
+
+
+def test_an_answer_made_of_the_questions_words_is_not_grounded() -> None:
+    question = "Which tennis player did Andre Agassi marry?"
+    assert is_grounded("Steffi Graf", PASSAGES, question)
+    assert not is_grounded("Andre Agassi", PASSAGES, question)  # in the passage, but the question's own name
+    assert not is_grounded("Agassi", PASSAGES, question)
+    assert is_grounded("Agassi", PASSAGES)  # without the question, the passage alone decides
+    assert not is_grounded("", PASSAGES, question)
+    assert grounded_choice(["Agassi", "Steffi Graf"], PASSAGES, question) == 1
+
+
+LEAD_INS = [  # (reply, its answer span by short_answer, the lead-in grounded decoding is forced behind)
+    ("The capital of Alaska is Anchorage.", "Anchorage", "The capital of Alaska is"),
+    ("A Modest Proposal was published in 1984.", "1984", "A Modest Proposal was published in"),
+    ("The answer is:  1969", "1969", "The answer is:"),
+    ("Anchorage", "Anchorage", ""),  # the reply is its answer: nothing to force
+    ("Ayn Rand's novel \"The Fountainhead\"", "The Fountainhead", "Ayn Rand's novel \""),
+    ("The author is not named", "Tolstoy", ""),  # a span the reply does not hold
+    ("", "", ""),
+]
+
+
+@pytest.mark.parametrize(("reply", "answer", "expected"), LEAD_INS, ids=[c[0][:30] or "empty" for c in LEAD_INS])
+def test_lead_in_is_the_reply_before_its_answer(reply: str, answer: str, expected: str) -> None:
+    assert lead_in(reply, answer) == expected

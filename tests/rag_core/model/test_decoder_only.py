@@ -184,7 +184,7 @@ def test_generate_answers_each_question_and_saves_and_reloads(indexes: SimpleNam
 def test_generate_returns_each_replys_answer_span(indexes: SimpleNamespace, llama_dir: Path) -> None:  # noqa: F811
     # the cutting itself is checked on hand-worked replies in test_answer_extraction.py; here, that generate()
     # applies it to what was decoded, and only when the config asks
-    model = llama_model(indexes, llama_dir, n_docs=2, short_answers=False)
+    model = llama_model(indexes, llama_dir, n_docs=2, short_answers=False, grounded=False)
     batch = model.retrieve(QUESTIONS)
     replies = model.generate(batch, max_new_tokens=12)
     model.config = model.config.model_copy(update={"short_answers": True})
