@@ -46,7 +46,7 @@ RECALL_KS = (1, 2, 5, 10, 20)
 def retrieval_recall(store: Store, index_version: str, task_kind: str, dev_url: str, options: dict[str, Any],
                      limit: int = 200) -> dict[str, float]:
     """Recall@k (k up to 20) of the index's own question encoder on the first ``limit`` dev questions."""
-    from flows.search import SearchConfig, answer_questions
+    from tasks.adapters.index_queries import SearchConfig, answer_questions
     from rag_core.evaluate.metrics import retrieval_metrics
     from rag_core.evaluate.retrieval import RetrievedPassage
     from rag_core.train.loaders import load_task
@@ -87,19 +87,19 @@ def plot_recall(metrics: dict[str, dict[str, float]], path: Path) -> Path | None
     return path
 
 
-def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
-    """Training loss per step of each task's run."""
+def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path,
+                dev_histories: dict[str, list[tuple[int, float]]] | None = None) -> Path | None:
+    """Training loss per step of each task's run, smoothed, with its dev loss on the same axes."""
+    from rag_core.train.loss_curves import draw_losses
+
     if not any(histories.values()):
         return None
     figure = _figure()
     axes = figure.add_subplot()
     for task_kind, points in histories.items():
-        if points:
-            axes.plot(*zip(*points), label=task_kind, linewidth=1)
-    axes.set_xlabel("optimizer step")
-    axes.set_ylabel("training loss (NLL per example)")
+        draw_losses(axes, points, (dev_histories or {}).get(task_kind, []), task_kind)
     axes.set_title("Fine-tuning loss")
-    axes.legend()
+    axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     return path
@@ -111,7 +111,7 @@ def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[s
     ``recall``: each task's retrieval recall@k (:func:`retrieval_recall`), logged to its run as metrics too."""
     from mlflow import MlflowClient
 
-    from tasks.tracking import MlflowRunLogger
+    from tasks.adapters.mlflow_tracking import MlflowRunLogger
 
     client = MlflowClient(tracking_uri=tracking_uri)
     out = Path(folder)
@@ -121,11 +121,11 @@ def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[s
         if recall.get(outcome.task):
             MlflowRunLogger(client, outcome.run_id).log_metrics({f"index_{k}": v for k, v in
                                                                  recall[outcome.task].items()})
-    histories = {t: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, "loss")]
-                 for t, r in runs.items()}
+    histories, dev_histories = ({t: sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, metric))
+                                 for t, r in runs.items()} for metric in ("loss", "dev_loss"))
     made = [plot_metrics(outcomes, out / "metrics_per_task.png"),
             plot_recall(recall, out / "retrieval_recall.png"),
-            plot_losses(histories, out / "training_loss.png")]
+            plot_losses(histories, out / "training_loss.png", dev_histories)]
     made = [p for p in made if p is not None]
     for outcome in outcomes:
         for path in made:

@@ -159,7 +159,7 @@ def check_training_memory(config: Any, nproc: int, index_manifest: Any, *, index
     parameters). ``index_in_ranks``: each rank loads ``index_manifest``'s index (no Dask cluster holds it)."""
     import psutil
 
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
     from rag_core.index.encoders import EncoderConfig, packaged_model_path
 
     if config.generator is None:

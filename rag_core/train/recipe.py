@@ -2,11 +2,11 @@
 
     result = run(TrainConfig(task="nq", train="nq-train.jsonl", dev="nq-dev.jsonl"), store)
 
-``run`` is the whole recipe; :class:`Recipe` exposes its four steps. The caller (``tasks/train_job.py``
-under torchrun, a test, a notebook) passes what this module must not read itself: the store (with its
-credentials), the run logger (MLflow's lives outside rag_core; ranks other than 0 get a
-:class:`~rag_core.train.tracking.NullLogger`) and :class:`Distributed`, torchrun's rank and world
-size (``Distributed.from_environ(os.environ)``). With a world size above 1 the recipe joins the
+``run`` is the whole recipe; :class:`Recipe` exposes its four steps. The caller
+(``tasks/adapters/torchrun_launcher.py`` under torchrun, a test, a notebook) passes what this module
+must not read itself: the store (with its credentials), the run logger (MLflow's lives outside rag_core;
+ranks other than 0 get a :class:`~rag_core.train.tracking.NullLogger`) and :class:`Distributed`, torchrun's
+rank and world size (``Distributed.from_environ(os.environ)``). With a world size above 1 the recipe joins the
 process group (``env://``: torch reads torchrun's MASTER_ADDR/PORT; gloo on CPU, nccl on GPU).
 
 One optimizer step (the DDP-correct split, ``rag_core.model.rag_model``):
@@ -14,7 +14,7 @@ One optimizer step (the DDP-correct split, ``rag_core.model.rag_model``):
 1. ``search`` (no gradients, outside DDP): each rank asks the retriever for its micro-batch's
    passages, their stored vectors and the generator inputs (the retriever: the index loaded in
    this process, or ``open_retriever``'s, e.g. shards and vectors held once by Dask workers for all
-   ranks: tasks/train_job.py ``--dask-address``);
+   ranks: tasks/adapters/torchrun_launcher.py ``--dask-address``);
 2. ``DDP(RagModel)(search_result, labels)``: question encoder, ``doc_scores`` = q·v, generator
    and the RAG-Sequence/Token NLL in one forward, so every trained parameter is used inside
    the wrapped forward; backward all-reduces the gradients (the last micro-step only);
@@ -23,9 +23,9 @@ One optimizer step (the DDP-correct split, ``rag_core.model.rag_model``):
 ``batch_size`` is the global batch: each of W ranks runs ``grad_accum`` micro-batches of
 ``batch_size / (W * grad_accum)`` examples (by default one example each: a rank then holds the
 activations of one question's ``n_docs`` prompts at a time, and with activation checkpointing only each
-generator block's input of them; memory per rank does not grow with the batch), and the loss is sum(NLL) * W / batch_size per
-micro-batch, so after DDP's average the gradient is the mean over the global batch: the same
-config gives the same parameters with any number of processes or accumulation steps (tested,
+generator block's input of them; memory per rank does not grow with the batch), and the loss is
+sum(NLL) * W / batch_size per micro-batch, so after DDP's average the gradient is the mean over the
+global batch: the same config gives the same parameters with any number of processes or accumulation steps (tested,
 to float rounding; with dropout > 0 the masks differ, so set ``dropout=0`` to compare).
 Example k of the training stream is position k % N of epoch k // N's seeded permutation; step s
 reads positions [s * batch_size, (s + 1) * batch_size), rank r every W-th of each micro-batch
@@ -66,6 +66,7 @@ from rag_core.progress import StageProgress
 from rag_core.storage import Store, is_local
 from rag_core.train import checkpoints as ckpt
 from rag_core.train.examples import Example
+from rag_core.train.loss_curves import draw_losses, ema
 from rag_core.train.tracking import NullLogger, RunLogger
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class TrainConfig(BaseModel):
     lr: float = Field(3e-5, gt=0.0, description="peak learning rate (the paper: about 3e-5)")
     weight_decay: float = Field(0.0, ge=0.0, description="L2 (adam) or decoupled (adamw) weight decay")
     adam_eps: float = Field(1e-8, gt=0.0, description="Adam's epsilon")
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 over this many steps")
+    warmup_steps: int | None = Field(None, ge=0, description="linear warm-up from 0 over this many steps; None = "
+                                                              "a tenth of max_steps (at least 1)")
     schedule: Literal["constant", "linear", "cosine"] = Field("linear", description="after warm-up: decay to 0 "
                                                                                     "at max_steps, or constant")
     grad_clip: float | None = Field(None, gt=0.0, description="clip the global gradient norm; None = no clipping")
@@ -132,14 +134,15 @@ class TrainConfig(BaseModel):
     seed: int = Field(0, description="data order, dropout and every generator's seed")
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="autocast dtype (weights stay float32); auto = bf16 only where "
-                            "rag_core.hardware.choose_precision finds it native")
+                            "rag_core.perf.precision.choose_precision finds it native")
     device: str = Field("auto", description="auto = cuda:LOCAL_RANK where CUDA is available, else cpu")
     threads: int | None = Field(None, ge=1, description="torch threads per process; None = as set (torchrun: 1)")
     output: str = Field("runs/default", description="folder on the store: checkpoints/, model/, result.json")
 
 
 class TrainResult(BaseModel):
-    """What a run returns, and writes as ``<output>/result.json`` (the ``--result`` file of tasks/train_job.py)."""
+    """What a run returns, and writes as ``<output>/result.json`` (the ``--result`` file of
+    tasks/adapters/torchrun_launcher.py)."""
 
     final_step: int  # optimizer steps done
     world_size: int  # processes the (last) run had
@@ -170,13 +173,21 @@ class Distributed:
         return cls(int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1)), int(environ.get("LOCAL_RANK", 0)))
 
 
+def warmup_steps(config: TrainConfig) -> int:
+    """The warm-up's steps: the config's, or a tenth of ``max_steps`` (at least 1 where there are 2 steps or more)."""
+    if config.warmup_steps is not None:
+        return config.warmup_steps
+    return max(1, round(config.max_steps / 10)) if config.max_steps > 1 else 0
+
+
 def lr_factor(step: int, config: TrainConfig) -> float:
     """The schedule: the learning rate of optimizer step ``step`` (0-based) over ``config.lr``."""
-    if step < config.warmup_steps:
-        return step / config.warmup_steps
+    warmup = warmup_steps(config)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)  # no step at rate 0: the first one already moves the weights
     if config.schedule == "constant":
         return 1.0
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    progress = (step - warmup) / max(1, config.max_steps - warmup)
     if config.schedule == "linear":
         return max(0.0, 1.0 - progress)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
@@ -266,7 +277,7 @@ class Recipe:
 
     # -- setup --------------------------------------------------------------------------
     def setup(self) -> None:
-        from rag_core.hardware import choose_precision
+        from rag_core.perf.precision import choose_precision
         from rag_core.train.loaders import load_task
 
         c, d = self.config, self.dist
@@ -427,8 +438,8 @@ class Recipe:
         if self.step > (self.resumed_from or 0) + 1:  # the first step of a process warms up its kernels
             self.rates.append(c.batch_size / seconds)
         if self.step % c.log_every == 0 or self.step == c.max_steps:
-            self.logger.log_metrics({"loss": self.losses[-1], "lr": lr, "examples_per_s": c.batch_size / seconds},
-                                    step=self.step)
+            self.logger.log_metrics({"loss": self.losses[-1], "loss_smoothed": ema(self.losses)[-1], "lr": lr,
+                                     "examples_per_s": c.batch_size / seconds}, step=self.step)
         if self.dev_examples and c.eval_every and self.step % c.eval_every == 0 and self.step < c.max_steps:
             self._evaluate()
         if (c.checkpoint_every and self.step % c.checkpoint_every == 0) or self.step == c.max_steps:
@@ -520,18 +531,14 @@ class Recipe:
         return result
 
     def _plot(self) -> None:
-        """loss_curve.png: training loss per step and dev loss per evaluation, logged as an artifact."""
+        """loss_curve.png: training loss per step (and smoothed) and dev loss per evaluation, logged as an artifact."""
         from matplotlib.figure import Figure  # no pyplot: no global backend state
 
         if not self.losses:
             return
         figure = Figure(figsize=(6, 3.5), dpi=100)
         axes = figure.add_subplot()
-        axes.plot(range(1, len(self.losses) + 1), self.losses, label="train loss (batch mean)", linewidth=1)
-        if self.dev_losses:
-            axes.plot(*zip(*self.dev_losses), marker="o", label="dev loss")
-        axes.set_xlabel("optimizer step")
-        axes.set_ylabel("NLL per example")
+        draw_losses(axes, list(enumerate(self.losses, start=1)), self.dev_losses)
         axes.set_title(f"{self.config.task}: RAG-{self.config.kind.title()}, {self.dist.world_size} process(es)")
         axes.legend()
         figure.tight_layout()
@@ -553,8 +560,9 @@ def run(config: TrainConfig, store: Store, *, logger: RunLogger | None = None, d
         data_options: Mapping[str, Any] | None = None) -> TrainResult:
     """The whole recipe (module docstring). ``retriever``: an IndexRetriever-like object; else
     ``open_retriever(store, version)`` opens the run's index version (the config's, a resumed run's, or LATEST's;
-    default ``IndexRetriever.load``: the version loaded in this process; tasks/train_job.py passes the Dask-held
-    one that all ranks share); ``data_options``: fsspec options for task files at remote URLs (S3 credentials)."""
+    default ``IndexRetriever.load``: the version loaded in this process; tasks/adapters/torchrun_launcher.py passes
+    the Dask-held one that all ranks share); ``data_options``: fsspec options for task files at remote URLs
+    (S3 credentials)."""
     recipe = Recipe(config, store, logger=logger, distributed=distributed, retriever=retriever,
                     open_retriever=open_retriever, data_options=data_options)
     try:

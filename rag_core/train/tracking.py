@@ -1,6 +1,6 @@
 """What a training or evaluation run reports, and to whom: a small interface, implemented outside rag_core.
 
-The recipe talks to a :class:`RunLogger`; ``tasks/tracking.py`` implements it
+The recipe talks to a :class:`RunLogger`; ``tasks/adapters/mlflow_tracking.py`` implements it
 over MLflow, :class:`MemoryLogger` keeps everything in memory (tests,
 notebooks), :class:`NullLogger` drops it (ranks other than 0). rag_core never
 imports MLflow.

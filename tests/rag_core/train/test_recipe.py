@@ -19,6 +19,7 @@ from rag_core.train.recipe import (
     TrainConfig,
     TrainConfigError,
     lr_factor,
+    warmup_steps,
     micro_positions,
     run,
     trajectory_key,
@@ -56,7 +57,13 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 def test_schedule_warms_up_then_decays() -> None:
     config = TrainConfig(task="nq", train="x", warmup_steps=4, max_steps=14)
-    assert [lr_factor(s, config) for s in (0, 2, 4, 9, 14)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    assert [lr_factor(s, config) for s in (0, 2, 3, 4, 9, 14)] == [0.2, 0.6, 0.8, 1.0, 0.5, 0.0]
+    # by default a tenth of the steps warm up, then the rate decays to 0 at the last step
+    default = TrainConfig(task="nq", train="x", max_steps=24)
+    assert default.schedule == "linear" and warmup_steps(default) == 2
+    assert [lr_factor(s, default) for s in (0, 1, 2, 13, 24)] == [pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0,
+                                                                   0.5, 0.0]
+    assert warmup_steps(default.model_copy(update={"max_steps": 1})) == 0
     cosine = config.model_copy(update={"schedule": "cosine"})
     assert lr_factor(9, cosine) == pytest.approx(0.5) and lr_factor(4, cosine) == 1.0
     assert lr_factor(13, config.model_copy(update={"schedule": "constant"})) == 1.0

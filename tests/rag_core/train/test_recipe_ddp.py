@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 
 from rag_core.train.checkpoints import complete_steps
 from rag_core.train.recipe import run
-from tasks.tracking import open_run
-from tasks.train_job import TrainingJobError, launch_training
+from tasks.adapters.mlflow_tracking import open_run
+from tasks.adapters.torchrun_launcher import TrainingJobError, launch_training
 from tests.rag_core.train.test_recipe import gradients, make_config, max_difference, parameters
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
@@ -99,7 +99,7 @@ def test_launch_training_logs_rank_0_into_an_mlflow_run_and_explains_a_failure(t
 
 
 def test_two_processes_train_through_one_dask_held_index(tiny: SimpleNamespace) -> None:
-    """tasks.train_job --dask-address: both ranks retrieve from the shards and vectors one Dask worker holds."""
+    """tasks.adapters.torchrun_launcher --dask-address: both ranks retrieve from the shards and vectors one Dask worker holds."""
     one_step = {"batch_size": 8, "max_steps": 1, "schedule": "constant"}
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster:
@@ -123,7 +123,7 @@ def test_two_processes_train_through_one_dask_held_index(tiny: SimpleNamespace) 
 
 def test_a_rank_killed_mid_run_is_reported_in_one_line_with_its_signal_and_peak_memory(tiny: SimpleNamespace) -> None:
     """A real 2-rank job; the test SIGKILLs rank 1 once its first checkpoint is written (memory is not short here,
-    so it is reported as that signal; the kernel's OOM wording is tested in tests/tasks/test_train_job.py)."""
+    so it is reported as that signal; the kernel's OOM wording is tested in tests/tasks/adapters/test_torchrun_launcher.py)."""
     config = make_config(tiny, "runs/rank-killed", batch_size=4, max_steps=10_000, checkpoint_every=1)
     checkpoints = tiny.store.child("runs/rank-killed/checkpoints")
     killed: list[int] = []
@@ -135,7 +135,7 @@ def test_a_rank_killed_mid_run_is_reported_in_one_line_with_its_signal_and_peak_
         time.sleep(1.0)  # at least one sample of the launcher's watch after the rank's first step
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if child.environ().get("RANK") == "1" and "tasks.train_job" in " ".join(child.cmdline()):
+                if child.environ().get("RANK") == "1" and "tasks.adapters.torchrun_launcher" in " ".join(child.cmdline()):
                     child.send_signal(signal.SIGKILL)
                     killed.append(child.pid)
 
