@@ -3,7 +3,7 @@
 Side by side in one run, on a real Flat index (all-MiniLM-L6-v2) of the first ``--passages``
 passages of the Wikipedia sample and the cloze task drawn from them (rag_core.train.cloze):
 
-- **training**: ``tasks.train_job.launch_training``, i.e. ``torchrun --standalone --nproc-per-node N``
+- **training**: ``tasks.adapters.torchrun_launcher.launch_training``, i.e. ``torchrun --standalone --nproc-per-node N``
   (gloo, 1 torch thread per process) running the recipe (rag_core.train.recipe) for ``--steps``
   optimizer steps of the same global batch with N = 1 and N = 2, interleaved, ``--repeats`` times.
   A repeat's figure is the recipe's own median examples/s over its steps after the first (the
@@ -146,7 +146,7 @@ class PeakRss:
                     line, rss = " ".join(child.cmdline()), child.memory_info().rss
                 except psutil.Error:  # ended between the listing and the reading
                     continue
-                kind = (self.ranks if "tasks.train_job" in line and "torch.distributed.run" not in line else
+                kind = (self.ranks if "tasks.adapters.torchrun_launcher" in line and "torch.distributed.run" not in line else
                         self.workers if "spawn_main" in line else None)
                 if kind is not None:
                     kind[child.pid] = max(kind.get(child.pid, 0), rss)
@@ -215,7 +215,7 @@ def main() -> int:
     from rag_core.model.rag_model import RagConfig, RagModel
     from rag_core.model.retriever import IndexRetriever
     from rag_core.train.recipe import TrainConfig
-    from tasks.train_job import launch_training
+    from tasks.adapters.torchrun_launcher import launch_training
 
     quiet_environment()
     with tempfile.TemporaryDirectory(prefix="wikirag-train-bench-") as tmp:

@@ -31,7 +31,7 @@ def untrained_model(store: Store, index: str | None, generator: str, *, kind: st
     """The index's own question encoder, the index and a generator folder, untrained: the paper's RAG before
     fine-tuning, as ``wikirag ask`` answers with it. (A fine-tune's own baseline is
     ``tasks.finetune.zero_shot_model``, built from its TrainConfig.)"""
-    from flows.search import query_encoder_config
+    from tasks.adapters.index_queries import query_encoder_config
     from rag_core.index.manifest import IndexManifest
     from rag_core.model.generators import GeneratorConfig
     from rag_core.model.rag_model import RagConfig, RagModel
@@ -57,7 +57,7 @@ def print_answers(results: list[dict], *, as_json: bool) -> None:
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.search import QUESTIONS_PER_BATCH, batches, read_questions
+    from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches, read_questions
     from rag_core.errors import WikiragError
     from rag_core.model.answers import answer
 

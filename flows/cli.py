@@ -28,7 +28,6 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from flows.cli_indexes import add_indexes
-from flows.search import MAX_K, SearchConfig
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
@@ -38,6 +37,7 @@ from rag_core.index.manifest import describe_errors
 from rag_core.wiki.ingest import IngestConfig
 from runtime import stop_signals
 from runtime.settings import Settings, quiet_environment
+from tasks.adapters.index_queries import MAX_K, SearchConfig
 
 log = logging.getLogger("wikirag")
 
@@ -305,7 +305,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.search import answer_questions, print_results, read_questions
+    from tasks.adapters.index_queries import answer_questions, print_results, read_questions
 
     questions = read_questions(args.questions, args.question)
     config = SearchConfig(**given(args, k="k", version="version", encoder_path="encoder",

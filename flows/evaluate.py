@@ -13,10 +13,10 @@ from prefect.cache_policies import NO_CACHE
 
 from rag_core.train.cloze import ClozeConfig
 from runtime.settings import Settings, StoreAccess, quiet_environment
+from tasks.adapters.mlflow_tracking import close_run, open_run
 from tasks.dataset_quality import gate_predictions
 from tasks.evaluation import evaluate, load_examples, load_registered_model, record_evaluation
 from tasks.finetune import cloze_files
-from tasks.tracking import close_run, open_run
 
 quiet_environment()
 

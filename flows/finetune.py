@@ -28,6 +28,8 @@ from rag_core.train.cloze import ClozeConfig
 from rag_core.train.memory_plan import check_training_memory
 from rag_core.train.recipe import TrainConfig, trajectory_key
 from runtime.settings import Settings, StoreAccess, quiet_environment
+from tasks.adapters.mlflow_registry import log_rag_model, register
+from tasks.adapters.mlflow_tracking import close_run, open_run
 from tasks.dataset_quality import gate_dataset, gate_predictions
 from tasks.evaluation import evaluate, load_examples, record_evaluation
 from tasks.finetune import (
@@ -42,8 +44,6 @@ from tasks.finetune import (
     trained_model,
     zero_shot_model,
 )
-from tasks.registry import log_rag_model, register
-from tasks.tracking import close_run, open_run
 
 quiet_environment()
 
@@ -187,7 +187,7 @@ def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: 
     """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default).
 
     ``dask_address``: the training ranks retrieve through the index held once by that Dask cluster
-    (tasks/train_job.py); None = each rank loads the index itself (fine for small indexes)."""
+    (tasks/adapters/torchrun_launcher.py); None = each rank loads the index itself (fine for small indexes)."""
     if not requests:
         raise ValueError("finetune: no tasks given")
     if nproc < 1:

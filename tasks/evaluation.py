@@ -15,8 +15,8 @@ from rag_core.model.answers import MAX_NEW_TOKENS
 from rag_core.progress import StageProgress
 from rag_core.train.examples import Example
 from rag_core.train.loaders import load_task
-from tasks.registry import _tracking
-from tasks.tracking import MlflowRunLogger, check_reachable, metric_name
+from tasks.adapters.mlflow_registry import _tracking
+from tasks.adapters.mlflow_tracking import MlflowRunLogger, check_reachable, metric_name
 
 
 @task(retries=2, retry_delay_seconds=5)
@@ -29,8 +29,8 @@ def load_registered_model(model_uri: str, tracking_uri: str, index_version: str 
     """The RagModel of a registered wikirag model, retrieving from ``index_version`` (default: its own).
 
     Its files are read as data and checked against their checksums; installed code builds the model
-    (tasks.mlflow_flavor.load_registered): nothing from the artifact runs."""
-    from tasks.mlflow_flavor import load_registered
+    (tasks.adapters.mlflow_flavor.load_registered): nothing from the artifact runs."""
+    from tasks.adapters.mlflow_flavor import load_registered
 
     check_reachable(tracking_uri)
     with _tracking(tracking_uri):

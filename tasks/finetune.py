@@ -15,7 +15,7 @@ from rag_core.storage import Store
 from rag_core.train.cloze import ClozeConfig, cloze_task
 from rag_core.train.examples import examples_jsonl
 from rag_core.train.recipe import TrainConfig, TrainResult, initial_model
-from tasks.train_job import launch_training
+from tasks.adapters.torchrun_launcher import launch_training
 
 CLOZE_DIR = "tasks/cloze"  # on the store: one folder per passage set and cloze config
 
@@ -57,8 +57,8 @@ def registered_with(tracking_uri: str, task_kind: str, print_: str) -> dict[str,
     """The registered ``wikirag-<task>`` version made from the same fingerprint, if any (a rerun then reuses it)."""
     from mlflow import MlflowClient
 
-    from tasks.registry import model_name
-    from tasks.tracking import check_reachable
+    from tasks.adapters.mlflow_registry import model_name
+    from tasks.adapters.mlflow_tracking import check_reachable
 
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)

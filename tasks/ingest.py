@@ -25,7 +25,7 @@ from rag_core.wiki.ingest import (
 )
 from rag_core.wiki.multistream import StreamShard, check_layout, iter_shard_pages, plan_shards, read_index
 from rag_core.wiki.passages import PageCounts, passages_from_pages
-from tasks.dask_waits import wait_within
+from tasks.adapters.dask_waits import wait_within
 from tasks.quality import artifact_key
 from tasks.retry_policy import io_task
 

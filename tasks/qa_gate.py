@@ -6,7 +6,7 @@ given) are written to the store as a dev and a test file, which the generated-QA
 filtered against. On the test split, the fine-tuned model, the same generator and index before
 fine-tuning (zero-shot) and that generator alone (closed-book) are scored: EM, token F1 and
 answer-in-output. The fine-tuned model is then registered as ``wikirag-qa`` with its test EM,
-and becomes champion only when that beats the zero-shot EM (tasks.registry.gate). A model gated
+and becomes champion only when that beats the zero-shot EM (tasks.adapters.mlflow_registry.gate). A model gated
 before on the same test questions and settings is not evaluated or registered again.
 """
 
@@ -29,9 +29,9 @@ from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
 from rag_core.train.loaders import load_task
 from rag_core.wiki.ingest import read_passages
+from tasks.adapters.mlflow_registry import CHAMPION, model_name, register
+from tasks.adapters.mlflow_tracking import MlflowRunLogger
 from tasks.evaluation import evaluate, load_registered_model
-from tasks.registry import CHAMPION, model_name, register
-from tasks.tracking import MlflowRunLogger
 
 QA_TASK = "qa"  # registered as wikirag-qa
 KEY_TAG, REPORT_TAG = "qa_gate_key", "qa_gate"

@@ -49,7 +49,7 @@ class Retrieved:
 
 class VersionRetriever:
     """What the RAG model asks of any retriever beside ``retrieve``: the version's manifest, name and encoder,
-    read from ``self.index`` (an in-process ShardedIndex, or tasks.distributed_search's Dask-held one)."""
+    read from ``self.index`` (an in-process ShardedIndex, or tasks.adapters.dask_retriever's Dask-held one)."""
 
     index: Any
 

@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.search import QUESTIONS_PER_BATCH
 from runtime.process_groups import die_with_parent
+from tasks.adapters.index_queries import QUESTIONS_PER_BATCH
 from tests.flows.conftest import PublishedIndex
 from tests.rag_core.train.conftest import tiny  # noqa: F401 -- the recipe tests' small index, cloze files, BART
 
@@ -150,7 +150,7 @@ def test_a_dask_wait_past_its_limit_is_one_line_naming_the_stage(published_index
     from distributed import Client, LocalCluster
 
     from rag_core.storage import Store
-    from tasks.distributed_search import DaskShardedIndex, DaskWaitTimeoutError, wait_within
+    from tasks.adapters.dask_retriever import DaskShardedIndex, DaskWaitTimeoutError, wait_within
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,  # in-process: no ports
                       dashboard_address=None) as cluster, Client(cluster) as client:
@@ -187,7 +187,7 @@ def _job_processes(marker: str) -> list[int]:
 def test_a_training_job_past_its_limit_is_stopped_whole_and_reported_in_one_line(tiny: SimpleNamespace) -> None:
     """A real 2-rank torchrun job asked for a million steps, with a limit of 8 s: torchrun and both ranks are
     stopped, and the one line gives the limit and how to raise it."""
-    from tasks.train_job import TrainingJobError, launch_training
+    from tasks.adapters.torchrun_launcher import TrainingJobError, launch_training
     from tests.rag_core.train.test_recipe import make_config
 
     marker = uuid.uuid4().hex
@@ -215,6 +215,6 @@ def test_a_training_job_past_its_limit_is_stopped_whole_and_reported_in_one_line
     assert isinstance(error, TrainingJobError), error
     assert str(error) == ("training job for runs/past-its-limit ran past its limit of 8 s and was stopped (torchrun "
                           "and its ranks); its checkpoints are kept and a rerun resumes from the last; raise the "
-                          "limit with launch_training(timeout=...) (default tasks.train_job.JOB_TIMEOUT_S)")
+                          "limit with launch_training(timeout=...) (default tasks.adapters.torchrun_launcher.JOB_TIMEOUT_S)")
     assert _job_processes(marker) == []
     assert took < 60

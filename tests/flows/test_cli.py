@@ -11,13 +11,13 @@ import pytest
 
 from flows.cli import build_parser, main, read_settings, rebuild_configs
 from flows.cli_indexes import CleanupConfig
-from flows.search import MAX_K, SearchConfig
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
 from runtime.settings import Settings, StoreAccess
+from tasks.adapters.index_queries import MAX_K, SearchConfig
 
 
 def help_text(capsys: pytest.CaptureFixture, *command: str) -> str:

@@ -19,8 +19,8 @@ from rag_core.storage import Store
 from rag_core.train.cloze import ClozeConfig, cloze_examples
 from rag_core.train.examples import write_examples
 from runtime.process_groups import die_with_parent
-from tasks.registry import log_rag_model, register
-from tasks.tracking import tracked_run
+from tasks.adapters.mlflow_registry import log_rag_model, register
+from tasks.adapters.mlflow_tracking import tracked_run
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
 from tests.passagefiles import publish_small_index, sample_passages

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.search import MAX_K
+from tasks.adapters.index_queries import MAX_K
 from tests.conftest import MULTISTREAM
 from tests.flows.conftest import PublishedIndex
 

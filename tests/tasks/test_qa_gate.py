@@ -1,4 +1,4 @@
-"""The gate on real questions (tasks/qa_gate.py, tasks.registry.gate) on a real MLflow store, a real index of the
+"""The gate on real questions (tasks/qa_gate.py, tasks.adapters.mlflow_registry.gate) on a real MLflow store, a real index of the
 sample's passages and real (tiny) transformers models: a model that does not beat its zero-shot start on the
 held-out test questions is not champion, and the summary says so."""
 
@@ -17,10 +17,10 @@ from rag_core.model.rag_model import RagConfig, RagModel
 from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
 from rag_core.train.loaders import load_task
+from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
+from tasks.adapters.mlflow_tracking import tracked_run
 from tasks.qa_gate import QA_TASK, qa_answers, qa_gate, real_question_files
-from tasks.registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
 from tasks.reports import gate_sentence
-from tasks.tracking import tracked_run
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
 from tests.passagefiles import publish_small_index, sample_passages

@@ -16,7 +16,7 @@ from rag_core.index.manifest import IndexManifest
 from rag_core.index.versions import ShardPayload, publish_version, read_manifest
 from rag_core.model.retriever import IndexRetriever, RetrieverError
 from rag_core.storage import Store
-from tasks.distributed_search import DaskRetriever
+from tasks.adapters.dask_retriever import DaskRetriever
 from tests.encoderfiles import tiny_encoder
 from tests.passagefiles import publish_small_index, sample_passages
 from tests.tasks.conftest import held_after_release, shard_keys

@@ -15,7 +15,7 @@ from rag_core.index.faiss_index import IndexConfig, build_shard_index, build_tun
 from rag_core.index.search import QUERIES_PER_THREAD, QueryError, ShardedIndex, available_cores
 from rag_core.index.versions import CorruptShardError, IndexVersionError, ShardPayload, publish_version
 from rag_core.storage import Store
-from tasks.distributed_search import DaskShardedIndex, place_shards, search_threads
+from tasks.adapters.dask_retriever import DaskShardedIndex, place_shards, search_threads
 from tests.rag_core.index.test_faiss_index import clustered_vectors
 from tests.tasks.conftest import held_after_release
 

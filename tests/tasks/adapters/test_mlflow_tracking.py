@@ -1,4 +1,4 @@
-"""tasks.tracking against a real MLflow store (SQLite): runs, parameters, metrics, artifacts, failures."""
+"""tasks.adapters.mlflow_tracking against a real MLflow store (SQLite): runs, parameters, metrics, artifacts, failures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from rag_core.train.tracking import MemoryLogger, NullLogger, RunLogger
-from tasks.tracking import tracked_run
+from tasks.adapters.mlflow_tracking import tracked_run
 
 
 def test_a_run_records_flat_params_step_metrics_and_artifacts_beside_the_store(tmp_path: Path,
@@ -46,7 +46,7 @@ def test_a_failing_block_marks_the_run_failed(tmp_path: Path) -> None:
 
 
 def test_unreachable_tracking_is_one_clear_error(tmp_path: Path) -> None:
-    from tasks.tracking import TrackingError
+    from tasks.adapters.mlflow_tracking import TrackingError
 
     with pytest.raises(TrackingError, match="http://127.0.0.1:9/.*MLFLOW_TRACKING_URI"), \
             tracked_run("http://127.0.0.1:9/", "wikirag-nq", "x"):

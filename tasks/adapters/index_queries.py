@@ -128,7 +128,7 @@ def answer_questions(store: Store, questions: Iterable[str], config: SearchConfi
         if dask_address:
             from distributed import Client
 
-            from tasks.distributed_search import DaskShardedIndex
+            from tasks.adapters.dask_retriever import DaskShardedIndex
 
             client = stack.enter_context(Client(dask_address))
             index: Any = stack.enter_context(DaskShardedIndex.load(client, store, config.version))

@@ -1,6 +1,6 @@
 """The torchrun entry point of the fine-tuning recipe, and the function that launches it.
 
-    torchrun --standalone --nproc-per-node 2 -m tasks.train_job --config CONFIG.json \\
+    torchrun --standalone --nproc-per-node 2 -m tasks.adapters.torchrun_launcher --config CONFIG.json \\
         [--store URL] [--dask-address ADDRESS] [--tracking-uri URI (--run-id ID | --experiment NAME)] [--result FILE]
 
 Each process reads the config (a :class:`rag_core.train.recipe.TrainConfig` as JSON), its rank
@@ -12,7 +12,7 @@ into MLflow: into the existing run ``--run-id`` (its creator owns it and ends it
 
 Retrieval: with ``--dask-address`` every rank retrieves through that Dask cluster, whose workers
 hold the index version's shards and stored vectors once for the whole job
-(:class:`tasks.distributed_search.DaskRetriever`, loaded by all ranks under one share name: Dask
+(:class:`tasks.adapters.dask_retriever.DaskRetriever`, loaded by all ranks under one share name: Dask
 runs each shard's load once); a rank then holds no index, only its micro-batch's passages.
 Without it each rank loads the version itself (``IndexRetriever.load``): right for small indexes,
 W copies of a large one on a machine of W ranks (docs/architecture.md, "What a training rank holds").
@@ -42,7 +42,7 @@ from typing import Any
 
 from rag_core.errors import WikiragError
 from runtime.process_groups import die_with_parent, stop_process_group  # the edge: as runtime.settings below
-from tasks.train_ranks import RankWatch, killed_rank
+from tasks.adapters.torchrun_ranks import RankWatch, killed_rank
 
 log = logging.getLogger("wikirag.train")
 ROOT = Path(__file__).resolve().parents[1]  # the checkout that holds tasks/ and rag_core/
@@ -76,7 +76,7 @@ def _tracking(args: argparse.Namespace, rank: int) -> Iterator[Any]:
         return
     from mlflow import MlflowClient
 
-    from tasks.tracking import MlflowRunLogger, check_reachable, tracked_run
+    from tasks.adapters.mlflow_tracking import MlflowRunLogger, check_reachable, tracked_run
 
     if args.run_id:
         check_reachable(args.tracking_uri)
@@ -89,7 +89,7 @@ def _tracking(args: argparse.Namespace, rank: int) -> Iterator[Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tasks.train_job", description="the fine-tuning recipe "
+    parser = argparse.ArgumentParser(prog="python -m tasks.adapters.torchrun_launcher", description="the fine-tuning recipe "
                                      "(run it under torchrun; one process without)")
     parser.add_argument("--config", required=True, help="TrainConfig as JSON (rag_core.train.recipe)")
     parser.add_argument("--store", help="store URL (default: WIKIRAG_STORE, else <WIKIRAG_HOME>/store)")
@@ -118,7 +118,7 @@ def _dask_retrievers(address: str | None, share: str) -> Iterator[Any]:
         return
     from distributed import Client
 
-    from tasks.distributed_search import DaskRetriever
+    from tasks.adapters.dask_retriever import DaskRetriever
 
     opened: list[Any] = []
     try:
@@ -140,6 +140,7 @@ def _dask_retrievers(address: str | None, share: str) -> Iterator[Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from runtime.process_tuning import start_process
     from runtime.settings import Settings, quiet_environment
 
     quiet_environment()
@@ -157,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = Settings()
+        start_process(settings)  # before the model loads: precision switch and malloc, as in every wikirag process
         store = settings.open_store(args.store)
         with _tracking(args, distributed.rank) as logger, \
                 _dask_retrievers(args.dask_address, share_name(os.environ)) as open_retriever:
@@ -198,7 +200,7 @@ def torchrun_command(config_file: Path, nproc: int, *, result_file: Path, store_
                      tracking_uri: str | None = None, run_id: str | None = None,
                      experiment: str | None = None, dask_address: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "tasks.train_job", "--config", str(config_file), "--result", str(result_file)]
+           "-m", "tasks.adapters.torchrun_launcher", "--config", str(config_file), "--result", str(result_file)]
     for flag, value in (("--store", store_url), ("--tracking-uri", tracking_uri), ("--run-id", run_id),
                         ("--experiment", experiment), ("--dask-address", dask_address)):
         if value:
@@ -209,7 +211,7 @@ def torchrun_command(config_file: Path, nproc: int, *, result_file: Path, store_
 def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None, run_id: str | None = None, *,
                     experiment: str | None = None, store_url: str | None = None, dask_address: str | None = None,
                     env: Mapping[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> Any:
-    """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.train_job`` on ``config`` and return its result.
+    """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.adapters.torchrun_launcher`` on ``config`` and return its result.
 
     ``config``: a TrainConfig; ``env``: the job's whole environment (default: a copy of this process's),
     which must hold what Settings reads (WIKIRAG_STORE, AWS_*) unless ``store_url`` says where the
@@ -220,7 +222,7 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
     line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
     """
-    from runtime.local_cluster import without_dask_trim
+    from runtime.process_tuning import without_dask_trim
     from rag_core.train.recipe import TrainResult
 
     if nproc < 1:
@@ -250,7 +252,7 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
             raise TrainingJobError(
                 f"training job for {config.output} ran past its limit of {timeout:g} s and was stopped (torchrun "
                 "and its ranks); its checkpoints are kept and a rerun resumes from the last; raise the limit with "
-                "launch_training(timeout=...) (default tasks.train_job.JOB_TIMEOUT_S)"
+                "launch_training(timeout=...) (default tasks.adapters.torchrun_launcher.JOB_TIMEOUT_S)"
             ) from None
         except BaseException:
             stop_process_group(proc.pid, timeout=30.0)

@@ -17,21 +17,21 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from rag_core.errors import WikiragError
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.retention import delete_version, version_pins
-from rag_core.errors import WikiragError
 from rag_core.index.versions import IndexVersionError
 from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
 from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
-from tasks.registry import CHALLENGER, CHAMPION, log_rag_model, model_name, pin_name, register
-from tasks.tracking import tracked_run
+from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, pin_name, register
+from tasks.adapters.mlflow_tracking import tracked_run
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
 from tests.passagefiles import publish_small_index, sample_passages
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The MLflow Model Registry for wikirag: a RAG model logged as data with its index binding, and the promotion gate.
 
 A trained model becomes a version of ``wikirag-<task>``: an MLflow model of wikirag's own
-flavor (tasks/mlflow_flavor.py: the saved RAG model, its index binding and the sha256 of
+flavor (tasks/adapters/mlflow_flavor.py: the saved RAG model, its index binding and the sha256 of
 every file; loading runs the installed code only). The sha256 of its checksums.json is a tag
 of the logged model and of the registered version, outside the artifact store.
 
@@ -32,9 +32,9 @@ from mlflow.exceptions import MlflowException
 
 from rag_core.index.retention import pin_version, unpin_version, version_pins
 from rag_core.storage import Store
-from tasks.mlflow_flavor import CHECKSUMS_TAG, FLAVOR_MODULE, ArtifactWriter, logged_model_id
-from tasks.model_checksums import ModelArtifactError
-from tasks.tracking import check_reachable
+from tasks.adapters.mlflow_flavor import CHECKSUMS_TAG, FLAVOR_MODULE, ArtifactWriter, logged_model_id
+from tasks.adapters.mlflow_tracking import check_reachable
+from tasks.adapters.model_checksums import ModelArtifactError
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 
@@ -130,7 +130,7 @@ def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metri
     model_id = logged_model_id(model_uri)
     anchor = client.get_logged_model(model_id).tags.get(CHECKSUMS_TAG) if model_id else None
     if not anchor:
-        raise ModelArtifactError(f"{model_uri}: not a model logged by tasks.registry.log_rag_model (no "
+        raise ModelArtifactError(f"{model_uri}: not a model logged by tasks.adapters.mlflow_registry.log_rag_model (no "
                                  f"{CHECKSUMS_TAG} tag); log it with wikirag, then register the URI it returns")
     pending = pin_name(name, model_id)  # the version number does not exist yet
     held = pending in version_pins(store, index_version)  # left by an earlier attempt a version may rely on

@@ -1,4 +1,4 @@
-"""The launcher's watch over torchrun's ranks (tasks/train_ranks.py): real torchrun jobs whose rank 1 dies by SIGKILL.
+"""The launcher's watch over torchrun's ranks (tasks/adapters/torchrun_ranks.py): real torchrun jobs whose rank 1 dies by SIGKILL.
 
 The kernel's OOM killer is not triggered here (the machine is shared): the rank kills itself with
 SIGKILL, as the OOM killer would, and the kernel's ``oom_kill`` counter is read from a file the test
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.train_ranks import RankWatch, killed_rank, oom_kills
+from tasks.adapters.torchrun_ranks import RankWatch, killed_rank, oom_kills
 
 pytestmark = pytest.mark.slow
 

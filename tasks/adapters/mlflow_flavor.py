@@ -2,7 +2,7 @@
 
 The artifact of a logged ``wikirag-<task>`` model::
 
-    MLmodel              pyfunc flavor: loader_module tasks.mlflow_flavor, data "data", no code
+    MLmodel              pyfunc flavor: loader_module tasks.adapters.mlflow_flavor, data "data", no code
     requirements.txt  python_env.yaml  conda.yaml
     data/rag_model/      RagModel.save_pretrained: question_encoder/, generator/ (safetensors, JSON), rag.json
     data/binding.json    {"store", "index_version", "n_docs"}: the index the model retrieves from
@@ -41,7 +41,7 @@ import yaml
 
 from rag_core.errors import WikiragError
 from rag_core.model.answers import MAX_NEW_TOKENS
-from tasks.model_checksums import ModelArtifactError, check_files, write_checksums
+from tasks.adapters.model_checksums import ModelArtifactError, check_files, write_checksums
 
 FLAVOR_MODULE = __name__  # what MLmodel must name as the pyfunc loader_module
 DATA_DIR, RAG_DIR, BINDING = "data", "rag_model", "binding.json"
@@ -131,7 +131,7 @@ def check_mlmodel(root: Path, where: str) -> None:
         found = pyfunc.get("loader_module")
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError):
         raise ModelArtifactError(f"{where}/MLmodel: missing or not an MLmodel with a python_function flavor; "
-                                 "log the model with wikirag (tasks.registry.log_rag_model)") from None
+                                 "log the model with wikirag (tasks.adapters.mlflow_registry.log_rag_model)") from None
     if found != FLAVOR_MODULE:
         raise ModelArtifactError(f"{where}/MLmodel: loader_module is {found!r}, not {FLAVOR_MODULE!r}; refused "
                                  "(its code would run): load only models logged by wikirag")
@@ -182,7 +182,7 @@ def load_registered(model_uri: str, tracking_uri: str, index_version: str | None
                                  f"({str(exc).splitlines()[0][:200]}); check the name, version or alias") from None
     if not anchor or not location:
         raise ModelArtifactError(f"{where}: no {CHECKSUMS_TAG} tag or no logged model, so its files cannot be "
-                                 "checked; refused: register models with wikirag (tasks.registry.register)")
+                                 "checked; refused: register models with wikirag (tasks.adapters.mlflow_registry.register)")
     with tempfile.TemporaryDirectory(prefix="wikirag-model-") as tmp, _no_progress_bar():
         # the logged model's own files: a models:/NAME/VERSION download would add MLflow's registered_model_meta
         root = Path(download_artifacts(artifact_uri=location, dst_path=tmp, tracking_uri=tracking_uri))

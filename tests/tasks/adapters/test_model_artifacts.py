@@ -26,11 +26,11 @@ from mlflow import MlflowClient
 
 from flows.cli import main
 from rag_core.storage import Store
-from tasks.mlflow_flavor import CHECKSUMS_TAG, MAX_NEW_TOKENS_CAP, ModelInputError
-from tasks.model_checksums import ModelArtifactError
-from tasks.registry import log_rag_model, register
-from tasks.tracking import tracked_run
-from tests.tasks.test_registry import bound_model  # noqa: F401 - the fixture, shared
+from tasks.adapters.mlflow_flavor import CHECKSUMS_TAG, MAX_NEW_TOKENS_CAP, ModelInputError
+from tasks.adapters.mlflow_registry import log_rag_model, register
+from tasks.adapters.mlflow_tracking import tracked_run
+from tasks.adapters.model_checksums import ModelArtifactError
+from tests.tasks.adapters.test_mlflow_registry import bound_model  # noqa: F401 - the fixture, shared
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 NAME, QUESTION = "wikirag-cloze", "Who was the teacher of Alexander the Great?"
@@ -113,7 +113,7 @@ def test_the_untampered_model_answers_through_wikirag_and_through_mlflow_pyfunc(
 
     mlflow.set_tracking_uri(model.uri)
     pyfunc = mlflow.pyfunc.load_model(CHAMPION)  # what `mlflow models serve` does: loader_module is installed code
-    assert pyfunc.metadata.flavors["python_function"]["loader_module"] == "tasks.mlflow_flavor"
+    assert pyfunc.metadata.flavors["python_function"]["loader_module"] == "tasks.adapters.mlflow_flavor"
     [served] = pyfunc.predict([QUESTION])
     assert served == record  # the same model, built the same way, gives the same answer and provenance
     with pytest.raises(ModelInputError, match=f"max_new_tokens {MAX_NEW_TOKENS_CAP + 1}: give a whole number"):
@@ -185,9 +185,9 @@ def _wikirag_module_shadowed(spec: dict, artifact: Path, marker: Path) -> None:
 
 MLMODEL_ATTACKS = {
     "models from code": (_models_from_code, "loader_module is 'mlflow.pyfunc.loaders.code_model', not "
-                                            "'tasks.mlflow_flavor'; refused"),
-    "another loader module": (_another_module, "loader_module is 'evil_loader', not 'tasks.mlflow_flavor'"),
-    "a code folder shadowing wikirag": (_wikirag_module_shadowed, "the tasks.mlflow_flavor flavor names ['code']"),
+                                            "'tasks.adapters.mlflow_flavor'; refused"),
+    "another loader module": (_another_module, "loader_module is 'evil_loader', not 'tasks.adapters.mlflow_flavor'"),
+    "a code folder shadowing wikirag": (_wikirag_module_shadowed, "the tasks.adapters.mlflow_flavor flavor names ['code']"),
 }
 
 
