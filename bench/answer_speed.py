@@ -84,7 +84,7 @@ def main() -> int:
     info = RunInfo.start()
     from flows.ask import load_model
     from runtime.settings import Settings, quiet_environment
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
     from rag_core.model.answers import answer
 
     quiet_environment()

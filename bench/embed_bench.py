@@ -7,12 +7,10 @@ and threads, in one process:
   ``normalize_embeddings=True``, ``max_seq_length`` = wikirag's ``max_length``:
   the reference for speed and for the vectors;
 * **wikirag** ``Encoder.encode_passages`` at ``EncoderConfig``'s default
-  batch size, four ways (each loaded with dtype and engine forced): float32
-  in torch; float32 with int8 q/k/v and FFN inputs (``rag_core.index.int8_engine``;
-  quantized on its first call of >= 256 passages, untimed); float32 in ONNX
-  Runtime (``rag_core.index.onnx_engine``, when ``wikirag[onnx]`` is
-  installed; used for calls of >= 256 texts, so ``--passages`` must be at
-  least that); bfloat16 in torch. The row that ``EncoderConfig()`` (dtype and
+  batch size, three ways (each loaded with dtype and engine forced): float32
+  in torch; float32 with int8 q/k/v and FFN inputs (``rag_core.perf.int8_engine``;
+  quantized on its first call of >= 256 passages, untimed, so ``--passages``
+  must be at least that); bfloat16 in torch. The row that ``EncoderConfig()`` (dtype and
   engine auto) picks on this machine is marked "(auto)":
   it is the headline.
 
@@ -75,7 +73,7 @@ class Row:
     batch: int
     encode: Callable[[list[str], list[str]], object]  # (titles, texts) -> float32 [n, dim]
     subset: bool = False  # timed on the first --slow-passages only
-    warmup: int = WARMUP  # passages of the untimed first call (ONNX Runtime: enough to export the model)
+    warmup: int = WARMUP  # passages of the untimed first call (int8: enough to quantize the model)
     setup_s: float = 0.0  # building the engine beyond loading the model: compile, export, quantize
     warm_s: float = 0.0  # the untimed first call (a lazy compile or export happens there)
     int8_cached: bool | None = None  # int8 engine: its weights were in the user's cache before the first call
@@ -161,7 +159,7 @@ def int8_gemm_errors() -> dict[int, float]:
     """
     import torch
 
-    from rag_core.index.int8_engine import pack_weight
+    from rag_core.perf.int8_engine import pack_weight
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (256, 384), generator=gen).float()
@@ -181,8 +179,8 @@ def int8_gemm_errors() -> dict[int, float]:
 def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
     from sentence_transformers import SentenceTransformer
 
-    from rag_core.index import int8_engine, onnx_engine
     from rag_core.index.encoders import Encoder, EncoderConfig, packaged_model_path
+    from rag_core.perf import int8_engine
 
     st = SentenceTransformer(str(packaged_model_path()), device="cpu")
     st.max_seq_length = max_length
@@ -193,10 +191,8 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
 
     rows = [Row("sentence-transformers encode()", "float32", ST_BATCH, st_encode)]
     auto = Encoder.load(EncoderConfig(max_length=max_length))
-    engines = {"torch": "torch", "int8": f"torch, int8 {int8_engine.TARGETS_LABEL}", "onnx": "ONNX Runtime"}
-    for dtype, engine in (("float32", "torch"), ("float32", "int8"), ("float32", "onnx"), ("bfloat16", "torch")):
-        if engine == "onnx" and not onnx_engine.available():
-            continue
+    engines = {"torch": "torch", "int8": f"torch, int8 {int8_engine.TARGETS_LABEL}"}
+    for dtype, engine in (("float32", "torch"), ("float32", "int8"), ("bfloat16", "torch")):
         config = EncoderConfig(dtype=dtype, engine=engine, max_length=max_length,
                                **({"batch_size": batch} if batch else {}))
         enc = Encoder.load(config)
@@ -205,8 +201,8 @@ def build_rows(max_length: int, batch: int | None, native: str) -> list[Row]:
         picked = (dtype, engine) == (auto.precision.dtype, auto.engine)
         label = f"wikirag Encoder{' (auto)' if picked else ''}, {engines[engine]}"
         slow_here = dtype == "bfloat16" and native != "bfloat16"  # float32 is never the slow one
-        # The untimed first call is large enough to build what the engine builds once (export, quantization).
-        warmup = {"onnx": onnx_engine.MIN_TEXTS, "int8": int8_engine.MIN_TEXTS}.get(engine, WARMUP)
+        # The untimed first call is large enough to build what the engine builds once (quantization).
+        warmup = int8_engine.MIN_TEXTS if engine == "int8" else WARMUP
         cached = (int8_engine.cache_path(int8_engine.cache_key(enc.fingerprint_id)).exists()
                   if engine == "int8" else None)
         rows.append(Row(label, "int8 / float32" if engine == "int8" else dtype, config.batch_size,
@@ -224,7 +220,7 @@ def smoothed_int8(enc, calibration: tuple[list[str], list[str]], weight_bits: in
                   alpha: float = 0.5):
     """A copy of ``enc``'s passage tower whose ``INT8_LAYERS[layers]`` Linears run the int8 engine's kernel.
 
-    W8A8 in SmoothQuant's manner (Xiao et al., 2022), as ``rag_core.index.int8_engine`` does it, but with
+    W8A8 in SmoothQuant's manner (Xiao et al., 2022), as ``rag_core.perf.int8_engine`` does it, but with
     weights rounded to nearest instead of by GPTQ, and on any set of Linears: each input channel j is divided
     by ``s_j = max|x_j| ** alpha / max|W_:j| ** (1 - alpha)`` and its weight column multiplied by it (the same
     product in exact arithmetic); activations are quantized per token and weights per output channel,
@@ -237,7 +233,7 @@ def smoothed_int8(enc, calibration: tuple[list[str], list[str]], weight_bits: in
 
     import torch
 
-    from rag_core.index.int8_engine import int8_linear, pack_weight
+    from rag_core.perf.int8_engine import int8_linear, pack_weight
 
     class SmoothedInt8Linear(torch.nn.Module):
         def __init__(self, linear: torch.nn.Linear, in_max: torch.Tensor) -> None:
@@ -287,15 +283,13 @@ def alternative_rows(max_length: int, batch: int | None, calibration: tuple[list
     attention instead of SDPA; ``torch.compile`` (inductor, weights frozen); int8 dynamic quantization of every
     Linear (``torch.ao.quantization.quantize_dynamic``: one activation scale per call); int8 with per-token
     activation scales after SmoothQuant's smoothing (:func:`smoothed_int8`, 8- and 7-bit weights), calibrated
-    on ``calibration``; ONNX Runtime after onnxruntime's BERT fusions (``onnxruntime.transformers.optimizer``:
-    fused attention, skip layer norm, bias GELU).
+    on ``calibration``.
     """
     import dataclasses
 
     import torch
     from transformers import AutoModel
 
-    from rag_core.index import onnx_engine
     from rag_core.index.encoders import Encoder, EncoderConfig
 
     config = EncoderConfig(dtype="float32", max_length=max_length, **({"batch_size": batch} if batch else {}))
@@ -326,19 +320,6 @@ def alternative_rows(max_length: int, batch: int | None, calibration: tuple[list
               ("torch, int8 dynamic Linear", int8),
               *[(f"torch, int8 per-token SmoothQuant, {bits}-bit weights, {layers}", w8a8(bits, layers))
                 for bits, layers in ((8, "all but FFN out"), (7, "all but FFN out"), (7, "FFN in only"))]]
-    if onnx_engine.available():
-        def fused(enc: Encoder):
-            import onnx
-            from onnxruntime.transformers import optimizer
-
-            cfg = enc.context.model.config
-            proto = onnx.load_from_string(onnx_engine.export_onnx(enc.context.path, enc.context.model_cls,
-                                                                  enc.context.output))
-            model = optimizer.optimize_model(proto, model_type="bert", num_heads=cfg.num_attention_heads,
-                                             hidden_size=cfg.hidden_size, opt_level=0)
-            return onnx_engine.open_session(model.model.SerializeToString(), enc.context.output,
-                                            torch.get_num_threads())
-        makers.append(("ONNX Runtime + BERT fusions", fused))
     rows = []
     for label, make in makers:
         encode, setup = swapped(make)
@@ -467,7 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=256, help="tokens per passage, both sides (default 256)")
     p.add_argument("--sample", type=Path, default=SAMPLE, help="the real Wikipedia sample (.xml.bz2)")
     p.add_argument("--alternatives", action="store_true", help="also time alternatives: eager attention, "
-                   "torch.compile, int8 dynamic Linear, int8 per-token SmoothQuant, ONNX Runtime with BERT fusions")
+                   "torch.compile, int8 dynamic Linear, int8 per-token SmoothQuant")
     p.add_argument("--avx2", action="store_true", help="run as on an AVX2-only CPU (re-runs itself)")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
@@ -483,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
 
     torch.set_num_threads(args.threads)
     info = RunInfo.start()

@@ -26,7 +26,7 @@ neighbours share a few sentences at most. ``index_bench.py`` prints how
 close the nearest neighbours are, against the real sample's.
 
 Vectors: the packaged all-MiniLM-L6-v2 at the precision
-``rag_core.hardware.choose_precision("auto")`` picks, ``Encoder.encode_passages``,
+``rag_core.perf.precision.choose_precision("auto")`` picks, ``Encoder.encode_passages``,
 encoded in chunks of ``CHUNK`` passages cached one file each under
 ``bench/.cache/corpus-*/`` (git-ignored): a run stopped by ``--max-minutes``
 or a kill resumes at the first missing chunk.
@@ -163,7 +163,7 @@ def embed(passages: Path, max_minutes: float, threads: int | None, part: tuple[i
     ``vectors-<fingerprint_id>.npy`` once every chunk is done and ``parts`` is 1."""
     import torch
 
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
 
     if threads:
         torch.set_num_threads(threads)
@@ -206,7 +206,7 @@ def embed(passages: Path, max_minutes: float, threads: int | None, part: tuple[i
 
 
 def _encoder():
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
     from rag_core.index.encoders import Encoder, EncoderConfig
 
     return Encoder.load(EncoderConfig(dtype=choose_precision("auto").dtype))

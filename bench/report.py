@@ -8,7 +8,7 @@
     f"{spread(rates)}"                # "12.1 / 12.4 / 13.0" (min / median / max)
 
 A script that takes ``--avx2`` calls :func:`emulate_avx2_if_asked` before it
-imports torch: it runs again with ``rag_core.hardware.AVX2_EMULATION`` set
+imports torch: it runs again with ``rag_core.perf.cpu.AVX2_EMULATION`` set
 (torch as on an AVX2-only CPU), and the header says so.
 
 Figures in docs/benchmarks.md come only from a script's ``--markdown`` output,
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rag_core.hardware import AVX2_EMULATION, Hardware, describe  # noqa: E402
+from rag_core.perf.cpu import AVX2_EMULATION, Hardware, describe  # noqa: E402
 
 MIN_REPEATS = 3
 AVX2_FLAG = "--avx2"
@@ -108,7 +108,7 @@ class RunInfo:
         if avx2_emulated():
             info.notes.append("Emulated AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
                               + " (torch's own kernels, oneDNN, MKL and FBGEMM limited to AVX2, as on an AMD EPYC "
-                              "without AVX512; ONNX Runtime's kernels follow this CPU's flags).")
+                              "without AVX512).")
         print(f"# {info.hardware.line()}", file=sys.stderr)
         return info
 

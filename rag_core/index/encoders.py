@@ -19,7 +19,7 @@ Passage format (it changes the vectors, so it is part of the fingerprint):
 
 Questions are encoded as themselves, by the question encoder when there is one.
 
-Precision: ``dtype="auto"`` (the default) asks :func:`rag_core.hardware.choose_precision`
+Precision: ``dtype="auto"`` (the default) asks :func:`rag_core.perf.precision.choose_precision`
 where the model loads: bf16 weights where this CPU (AMX, AVX512-BF16) or GPU
 computes bf16 natively and a timed probe confirms it, float32 elsewhere (on
 an AVX2-only CPU bf16 is ~50x slower). ``float32``/``bfloat16`` force one.
@@ -38,19 +38,14 @@ with, so which dtype made which vectors stays on record.
 Speed: texts are tokenized once, sorted by token length and batched so that a
 batch pads little (the output keeps the input order); inference runs under
 ``torch.inference_mode``. ``engine="auto"`` (the default) adds int8 where
-float32 is what a CPU runs (``rag_core.index.int8_engine``): on an AVX2-only
+float32 is what a CPU runs (``rag_core.perf.int8_engine``): on an AVX2-only
 CPU, where float32 GEMMs are the whole cost, calls of at least
 ``int8_engine.MIN_TEXTS`` passages run each layer's query, key, value and
 FFN-input Linears as calibrated int8 GEMMs (vectors within cosine 0.999 of
 float32, tested on real passages; questions and small calls stay float32).
 Like the dtype, the engine is recorded in the fingerprint but not in
-``fingerprint_id``. ``engine="onnx"`` (optional, ``pip install
-wikirag[onnx]``) runs float32 calls of at least ``onnx_engine.MIN_TEXTS``
-texts in ONNX Runtime (same vectors to ~1e-6); it is not the default because
-no engine wins on every CPU: in float32 it ran 6-12% faster than torch on an
-AMD EPYC but 12% slower natively on the Intel CPU with AMX (docs/benchmarks.md;
-its kernels ignore the AVX2 emulation, see onnx_engine). The engine
-is recorded in the fingerprint, not in ``fingerprint_id``.
+``fingerprint_id``. With the performance machinery off
+(:func:`rag_core.perf.set_enabled`), ``auto`` means float32 and torch.
 """
 
 from __future__ import annotations
@@ -69,9 +64,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_core.errors import WikiragError
-from rag_core.hardware import DtypeChoice, Precision, choose_precision
-from rag_core.index import int8_engine, onnx_engine
-from rag_core.index.onnx_engine import OnnxTower
+from rag_core.perf import int8_engine
+from rag_core.perf.precision import DtypeChoice, Precision, choose_precision
 
 if TYPE_CHECKING:  # torch loads on first use: importing the config (e.g. in a flow) stays cheap
     import torch
@@ -105,10 +99,9 @@ class EncoderConfig(BaseModel):
     max_length: int = Field(256, ge=8, description="tokens per text; clamped to the model's positions")
     dtype: DtypeChoice = Field("auto", description="weight dtype: auto = bf16 where this CPU/GPU runs it natively "
                                "(AMX, AVX512-BF16, CUDA; a timed probe decides), else float32")
-    engine: Literal["auto", "torch", "int8", "onnx"] = Field(
+    engine: Literal["auto", "torch", "int8"] = Field(
         "auto", description=f"auto = int8 {int8_engine.TARGETS_LABEL} for calls of 256+ passages where dtype auto "
-        "chose float32 on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU; onnx = ONNX "
-        "Runtime for float32 on CPU (optional extra wikirag[onnx])")
+        "chose float32 on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
@@ -137,8 +130,6 @@ class _Tower:
     model: torch.nn.Module
     tokenizer: Any
     weights_sha256: str
-    model_cls: Any  # what loaded it (AutoModel, DPRContextEncoder, ...): the ONNX export loads it again
-    output: str  # the output pool() reads: "last_hidden_state", or "pooler_output" for DPR
 
 
 def _read_model_config(path: Path, role: str) -> dict[str, Any]:
@@ -209,34 +200,14 @@ def weights_sha256(path: Path) -> str:
     return _hash_files(files)
 
 
-@lru_cache(maxsize=None)
-def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
-    """What ``engine="auto"`` runs here; decided (the int8 probe runs at most once) and logged once a process."""
-    engine, why = int8_engine.decide_engine("auto", dtype_requested, dtype, device, int8_engine.measured_speedup)
-    if engine == "int8" or dtype == "float32":  # only where int8 was a candidate: bf16 says enough already
-        log.info("encoder engine %s: %s", f"int8 ({int8_engine.TARGETS_LABEL})" if engine == "int8" else engine, why)
-    return engine
-
-
 def _engine(config: EncoderConfig, precision: Precision) -> str:
-    """"torch", "int8" or "onnx" for this config on this machine (see ``EncoderConfig.engine``)."""
-    fp32_cpu = precision.dtype == "float32" and config.device == "cpu"
+    """"torch" or "int8" for this config on this machine (see ``EncoderConfig.engine``)."""
     if config.engine == "auto":
-        return _auto_engine(config.dtype, precision.dtype, config.device)
-    if config.engine == "int8":
-        if not fp32_cpu:
-            raise EncoderError(f"engine int8 runs float32 models on CPU, not {precision.dtype} on {config.device}; "
-                               "set dtype float32 and device cpu, or engine torch")
-        return "int8"
-    if config.engine == "onnx":
-        if not fp32_cpu:
-            raise EncoderError(f"engine onnx runs float32 on CPU, not {precision.dtype} on {config.device}; "
-                               "set dtype float32 and device cpu, or engine torch")
-        if not onnx_engine.available():
-            raise EncoderError("engine onnx needs onnxruntime and onnx: pip install 'wikirag[onnx]', "
-                               "or set engine to torch")
-        return "onnx"
-    return "torch"
+        return int8_engine.auto_engine(config.dtype, precision.dtype, config.device)
+    if config.engine == "int8" and not (precision.dtype == "float32" and config.device == "cpu"):
+        raise EncoderError(f"engine int8 runs float32 models on CPU, not {precision.dtype} on {config.device}; "
+                           "set dtype float32 and device cpu, or engine torch")
+    return config.engine
 
 
 def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConfig, precision: Precision) -> _Tower:
@@ -255,8 +226,7 @@ def _load_tower(path: Path, role: str, dpr_role: str | None, config: EncoderConf
         raise EncoderError(f"{path}: cannot load the {role} model ({type(exc).__name__}: {str(exc)[:160]}); "
                            "check that the directory holds a complete save_pretrained() output") from exc
     model.eval().to(config.device)
-    output = "pooler_output" if dpr_role else "last_hidden_state"
-    return _Tower(path, model, tokenizer, weights_sha256(path), cls, output)
+    return _Tower(path, model, tokenizer, weights_sha256(path))
 
 
 class Encoder:
@@ -276,7 +246,6 @@ class Encoder:
         self.engine = _engine(config, precision)
         if self.engine == "int8" and config.engine == "auto" and not int8_engine.has_targets(context.model):
             self.engine = "torch"  # auto never fails: a model int8 cannot run (not BERT-style) stays float32
-        self._onnx: dict[int, OnnxTower] = {}  # id(tower) -> its exported session, built on first large call
         self._int8: Any = None  # the passage tower with int8 Linears, quantized on the first large call
         self.kind = kind
         self.pooling = pooling
@@ -297,7 +266,7 @@ class Encoder:
             "normalize": normalize,
             "max_length": max_length,
             "dtype": precision.dtype,  # resolved: never "auto"
-            "engine": self.engine,  # "onnx": calls of >= onnx_engine.MIN_TEXTS texts run in ONNX Runtime
+            "engine": self.engine,  # "int8": calls of >= int8_engine.MIN_TEXTS passages run int8 Linears
             "passage_format": "pair(title, text)" if kind == "dpr" else "{title}. {text}",
         }
         passage_side = {k: v for k, v in self.fingerprint.items() if k not in NOT_IN_FINGERPRINT_ID}
@@ -392,7 +361,7 @@ class Encoder:
         return out
 
     def _model(self, tower: _Tower, n_texts: int, passages: bool = False) -> Any:
-        """The torch model, or for a large enough call its int8 copy (passages only) or ONNX Runtime session."""
+        """The torch model, or for a large enough call of passages its int8 copy."""
         if self.engine == "int8" and passages and n_texts >= int8_engine.MIN_TEXTS:
             if self._int8 is None:
                 self._int8 = tower.model  # while it calibrates, its own calls (however large) run float32
@@ -402,14 +371,7 @@ class Encoder:
                     self._int8 = None
                     raise
             return self._int8
-        if self.engine != "onnx" or n_texts < onnx_engine.MIN_TEXTS:
-            return tower.model
-        if id(tower) not in self._onnx:
-            import torch
-
-            self._onnx[id(tower)] = onnx_engine.export_tower(tower.path, tower.model_cls, tower.output,
-                                                             torch.get_num_threads())
-        return self._onnx[id(tower)]
+        return tower.model
 
     def _quantized(self, tower: _Tower) -> Any:
         """The passage tower with int8 Linears: from the user's cache, else calibrated on int8_engine's text."""

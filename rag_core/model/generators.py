@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from rag_core.errors import WikiragError
-from rag_core.hardware import choose_precision
+from rag_core.perf.precision import choose_precision
 from rag_core.index.encoders import packaged_model_path
 
 # Chosen on 8 questions outside the benchmark's set among 5 variants (few-shot turns made no answer shorter).
@@ -55,7 +55,7 @@ class GeneratorConfig(BaseModel):
     path: str | None = Field(None, description="local transformers dir (seq2seq or decoder-only) with tokenizer; "
                                                "None = small BART")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32", description="weights of a generator loaded from path; auto = rag_core.hardware's rule "
+        "float32", description="weights of a generator loaded from path; auto = rag_core.perf.precision's rule "
                                "(inference); training wants float32")
     d_model: int = Field(128, ge=8, description="default generator: hidden width")
     layers: int = Field(2, ge=1, description="default generator: encoder layers, and as many decoder layers")

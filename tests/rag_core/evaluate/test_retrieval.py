@@ -56,7 +56,7 @@ def test_kilt_score_with_retrieval() -> None:
 @pytest.mark.slow
 def test_cloze_answers_are_retrievable_from_a_real_index(wiki: Path, tmp_path: Path) -> None:
     """Cloze questions of the sample, asked of a real MiniLM index of their passages: the passage comes back."""
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
     from rag_core.index.encoders import Encoder, EncoderConfig
     from rag_core.model.retriever import IndexRetriever
     from rag_core.storage import Store

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rag_core
-from rag_core.hardware import choose_precision
+from rag_core.perf.precision import choose_precision
 from rag_core.index.encoders import (
     Encoder,
     EncoderConfig,
@@ -146,38 +146,10 @@ def test_vectors_embedded_in_one_dtype_are_reused_by_a_machine_running_the_other
     assert ((stored * fresh).sum(1) / np.linalg.norm(stored, axis=1) / np.linalg.norm(fresh, axis=1)).min() >= 0.999
 
 
-def test_onnx_engine_gives_torch_float32_vectors_for_large_calls_only(
-        passages: list[dict], fp32_vectors: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("onnxruntime", reason="the onnx engine is optional: pip install 'wikirag[onnx]'")
-    from transformers import DPRContextEncoder
-
-    from rag_core.index import onnx_engine
-
-    onnx = Encoder.load(EncoderConfig(dtype="float32", engine="onnx"))
-    assert onnx.engine == "onnx" and onnx.fingerprint["engine"] == "onnx"
-    assert onnx.fingerprint_id == Encoder.load(EncoderConfig(dtype="float32", engine="torch")).fingerprint_id
-    onnx.encode_questions(["who founded anarchism?"] * 5)
-    assert onnx._onnx == {}  # a few questions never pay for an export
-    monkeypatch.setattr(onnx_engine, "MIN_TEXTS", 16)  # the 64 passages count as a large call here
-    vectors = onnx.encode_passages(*_columns(passages))
-    assert len(onnx._onnx) == 1 and vectors.dtype == np.float32
-    np.testing.assert_allclose(vectors, fp32_vectors, atol=2e-5)
-
-    _save_tiny_dpr(DPRContextEncoder, tmp_path / "ctx", projection_dim=16, seed=0)  # the pooler_output path
-    dpr = Encoder.load(EncoderConfig(path=str(tmp_path / "ctx"), dtype="float32", engine="onnx", max_length=128))
-    titles, texts = _columns(passages[:20])
-    reference = Encoder.load(EncoderConfig(path=str(tmp_path / "ctx"), dtype="float32", engine="torch",
-                                           max_length=128)).encode_passages(titles, texts)
-    np.testing.assert_allclose(dpr.encode_passages(titles, texts), reference, atol=1e-5)
-    assert len(dpr._onnx) == 1
-
-
-def test_engine_is_torch_unless_onnx_is_asked_for_float32_on_cpu() -> None:
-    pytest.importorskip("onnxruntime", reason="the onnx engine is optional: pip install 'wikirag[onnx]'")
+def test_auto_engine_with_float32_asked_for_is_torch_and_there_is_no_onnx_engine() -> None:
     assert Encoder.load(EncoderConfig(dtype="float32")).engine == "torch"
-    assert Encoder.load(EncoderConfig(dtype="float32", engine="onnx")).engine == "onnx"
-    with pytest.raises(EncoderError, match="engine onnx runs float32 on CPU, not bfloat16 on cpu"):
-        Encoder.load(EncoderConfig(dtype="bfloat16", engine="onnx"))
+    with pytest.raises(ValueError, match="engine"):
+        EncoderConfig(engine="onnx")
 
 
 def test_check_compatible(fp32: Encoder, bf16: Encoder) -> None:

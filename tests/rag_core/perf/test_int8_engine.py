@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import rag_core
-from rag_core.hardware import Precision
-from rag_core.index import encoders, int8_engine
+from rag_core.perf import int8_engine
+from rag_core.perf.precision import Precision
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, _engine, packaged_model_path
 from tests.conftest import SAMPLE_BZ2
 
@@ -203,16 +203,16 @@ def test_this_machines_auto_engine_follows_the_rule() -> None:
 def test_auto_reads_the_int8_verdict_this_cpu_left_in_the_users_cache(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A verdict kept for this machine decides auto without timing the probe again (each Dask worker's case)."""
-    from rag_core.hardware import cached_probe
+    from rag_core.perf.probes import cached_probe
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cached_probe(int8_engine.PROBE_NAME, lambda: 0.5) == 0.5  # as if int8 had timed slower on this CPU
     monkeypatch.setattr(int8_engine, "int8_probe_speedup", lambda: pytest.fail("the probe was timed again"))
-    encoders._auto_engine.cache_clear()
+    int8_engine._auto_engine.cache_clear()
     try:
         assert _engine(EncoderConfig(), Precision("float32", "for the test")) == "torch"
     finally:
-        encoders._auto_engine.cache_clear()
+        int8_engine._auto_engine.cache_clear()
 
 
 def test_int8_refuses_what_it_cannot_run_and_auto_passes_it_by(tmp_path: Path, passages: tuple[list[str], list[str]],
@@ -230,7 +230,7 @@ def test_int8_refuses_what_it_cannot_run_and_auto_passes_it_by(tmp_path: Path, p
         encoder.encode_passages(*passages)
     assert encoder._int8 is None
     # Where auto would pick int8 (an AVX2 CPU's decision, whatever this machine's), such a model runs float32.
-    monkeypatch.setattr(encoders, "_auto_engine", lambda *_: "int8")
+    monkeypatch.setattr(int8_engine, "_auto_engine", lambda *_: "int8")
     automatic = Encoder.load(EncoderConfig(path=str(tmp_path / "d"), dtype="float32"))
     assert automatic.engine == "torch" and automatic.fingerprint["engine"] == "torch"
     assert Encoder.load(EncoderConfig(dtype="float32")).engine == "int8"  # the BERT-style default keeps it

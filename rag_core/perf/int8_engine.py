@@ -55,6 +55,8 @@ or ``engine`` wins. Where torch has no int8 Linear kernels (a build without
 FBGEMM, oneDNN or QNNPACK) the probe reports 0 and ``auto`` stays float32.
 The probe is timed once per CPU and kept (:func:`measured_speedup`): each Dask
 worker of a rebuild reads the verdict instead of timing it again (~0.5 s).
+With the machinery off (:func:`rag_core.perf.set_enabled`) ``auto`` runs torch
+and times nothing (:func:`auto_engine`).
 """
 
 from __future__ import annotations
@@ -391,8 +393,8 @@ PROBE_NAME = "int8-linear"  # its verdict's name in the user's probe cache
 
 
 def measured_speedup() -> float:
-    """:func:`int8_probe_speedup` of this machine, timed once per CPU and kept (:func:`rag_core.hardware.cached_probe`)."""
-    from rag_core.hardware import cached_probe
+    """:func:`int8_probe_speedup` of this machine, timed once per CPU and kept (:func:`rag_core.perf.probes.cached_probe`)."""
+    from rag_core.perf.probes import cached_probe
 
     return cached_probe(PROBE_NAME, int8_probe_speedup)
 
@@ -410,3 +412,19 @@ def decide_engine(requested: str, dtype_requested: str, dtype: str, device: str,
     if speedup < MIN_INT8_SPEEDUP:
         return "torch", f"float32 on CPU, int8 probe only {speedup:.2f}x faster (< {MIN_INT8_SPEEDUP})"
     return "int8", f"float32 on CPU, int8 probe {speedup:.1f}x faster"
+
+
+def auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
+    """What ``engine="auto"`` runs here: "int8" or "torch"; "torch" without a probe when the machinery is off."""
+    from rag_core import perf
+
+    return _auto_engine(dtype_requested, dtype, device) if perf.enabled() else "torch"
+
+
+@functools.cache
+def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
+    """Decided (the probe runs at most once) and logged once a process."""
+    engine, why = decide_engine("auto", dtype_requested, dtype, device, measured_speedup)
+    if engine == "int8" or dtype == "float32":  # only where int8 was a candidate: bf16 says enough already
+        log.info("encoder engine %s: %s", f"int8 ({TARGETS_LABEL})" if engine == "int8" else engine, why)
+    return engine
