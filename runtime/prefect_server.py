@@ -6,27 +6,20 @@ temporary server on one SQLite file ("database is locked").  So when no API
 is configured we start one real server on loopback and export its URL before
 any worker is spawned.
 
-A fresh server spends half of its boot or more migrating an empty SQLite
-database. The first one that boots on a fresh database therefore
-leaves a snapshot of it, migrated and still empty of runs, in the user's cache
-(:func:`template_path`, one per Prefect version), and later servers in a fresh
-``PREFECT_HOME`` start from a copy of it (15.1 s -> 6.9 s median on 2 cores,
-bench/prefect_boot_bench.py). Prefect still checks the
-schema at each start and migrates whatever is missing, so a template can only
-save time; a server that fails to start from one removes it.
+A server in a fresh ``PREFECT_HOME`` starts from a copy of a migrated, empty
+database kept in the user's cache, and the first one that boots on a fresh
+database leaves that copy (:func:`runtime.process_tuning.seed_prefect_database`:
+process tuning, off with ``WIKIRAG_PROCESS_TUNING=off``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
 import random
-import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -35,8 +28,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rag_core.errors import WikiragError
-from rag_core.storage import user_cache_dir
+from runtime import process_tuning
 from runtime.process_groups import die_with_parent, stop_process_group
+from runtime.service_specs import SPECS, Placement, ServicePorts
 
 log = logging.getLogger("wikirag.prefect")
 
@@ -92,67 +86,21 @@ def _flush_to_api() -> None:
         EventsWorker.drain_all(timeout=5)
 
 
-_DATABASE_SETTINGS = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
-
-
-def template_path() -> Path:
-    """Where a migrated, empty Prefect database for this Prefect version is kept (the user's cache)."""
-    return user_cache_dir() / f"prefect-{importlib.metadata.version('prefect')}.db"
-
-
-def _database(prefect_home: Path) -> Path | None:
-    """The server's SQLite file in ``prefect_home``; None where a database URL is configured (e.g. Postgres)."""
-    if any(os.environ.get(k) for k in _DATABASE_SETTINGS):
-        return None
-    return prefect_home / "prefect.db"
-
-
-def _seed_database(prefect_home: Path) -> bool:
-    """Copy the template into a home that has no database yet; whether it did."""
-    database, template = _database(prefect_home), template_path()
-    if database is None or database.exists() or not template.is_file():
-        return False
-    partial = database.with_name(f".{database.name}.{os.getpid()}.part")
-    try:
-        shutil.copyfile(template, partial)
-        os.replace(partial, database)
-    except OSError as exc:  # an unreadable cache costs the migration, nothing else
-        partial.unlink(missing_ok=True)
-        log.debug("Prefect database template %s not used: %s", template, exc)
-        return False
-    return True
-
-
-def _save_template(prefect_home: Path) -> None:
-    """Snapshot the database of a server that just booted on a fresh one, unless a template exists already."""
-    database, template = _database(prefect_home), template_path()
-    if database is None or not database.is_file() or template.exists():
-        return
-    partial = template.with_name(f".{template.name}.{os.getpid()}.part")
-    try:
-        template.parent.mkdir(parents=True, exist_ok=True)
-        # SQLite's backup API: a consistent copy of a database the server has open (WAL and all).
-        with contextlib.closing(sqlite3.connect(database)) as src, contextlib.closing(sqlite3.connect(partial)) as dst:
-            src.backup(dst)
-        os.replace(partial, template)  # whole or not at all, whoever else writes one at the same moment
-    except (OSError, sqlite3.Error) as exc:
-        partial.unlink(missing_ok=True)
-        log.debug("Prefect database template %s not written: %s", template, exc)
-
-
 def _spawn(prefect_home: Path, port: int, ui: bool,
            persistent: bool = False) -> tuple[subprocess.Popen, str, Path, bool]:
     """Start `prefect server start` on loopback in its own session; returns at once (process, API URL, its log,
     whether its database came from the template: a home without one gets a copy when there is one)."""
     prefect_home.mkdir(parents=True, exist_ok=True)
-    seeded = _seed_database(prefect_home)
-    url = f"http://127.0.0.1:{port}/api"
+    seeded = process_tuning.seed_prefect_database(prefect_home)
+    # the command line of `wikirag services`' Prefect server (runtime/service_specs.py), on this port
+    at = Placement.local(prefect_home, ServicePorts.model_construct(prefect_port=port))
+    url = at.url("prefect")
     env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "true" if ui else "false"}
     log_path = prefect_home / "server.log"
     with log_path.open("ab") as server_log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            SPECS["prefect"].argv(at),
             env=env, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=None if persistent else die_with_parent,
         )
@@ -173,10 +121,10 @@ def _wait_until_healthy(proc: subprocess.Popen, url: str, log_path: Path, startu
             time.sleep(0.3)
     except WikiragError:
         if seeded:  # the next start migrates afresh rather than trusting the template again
-            template_path().unlink(missing_ok=True)
+            process_tuning.drop_prefect_template()
         raise
     if not seeded:
-        _save_template(log_path.parent)
+        process_tuning.keep_prefect_template(log_path.parent)
 
 
 def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,

@@ -100,7 +100,20 @@ class StoreAccess(BaseModel):
         return Store(self.url, self.options())
 
 
-class Settings(BaseSettings):
+class Switches(BaseSettings):
+    """The performance machinery's two off switches (``off``/``false``/``0``); read by every wikirag process at its
+    start (runtime.process_tuning.start_process), Dask workers and training ranks included."""
+
+    model_config = SettingsConfigDict(env_prefix="WIKIRAG_", extra="ignore")
+
+    perf: bool = Field(True, description="precision, probes and the int8 engine (rag_core.perf); off = dtype and "
+                                         "engine auto mean float32 and torch, and no timed probe runs")
+    process_tuning: bool = Field(True, description="glibc malloc thresholds, gc.freeze before exit, Dask's quiet "
+                                                   "background sampling, the Prefect database template "
+                                                   "(runtime.process_tuning); off = the libraries' defaults")
+
+
+class Settings(Switches):
     """wikirag's settings; see docs/operations.md for each variable."""
 
     model_config = SettingsConfigDict(env_prefix="WIKIRAG_", extra="ignore")

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.local_cluster import DASK_TRIM_DEFAULT, BoundedLocalCluster, without_dask_trim
+from runtime.local_cluster import BoundedLocalCluster
+from runtime.process_tuning import DASK_TRIM_DEFAULT, without_dask_trim
 from tests.flows.test_stopping import _descendants, _still_running
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from rag_core.errors import WikiragError
 from runtime import prefect_server
-from runtime.prefect_server import _healthy, prefect_api, template_path
+from runtime.prefect_server import _healthy, prefect_api
+from runtime.process_tuning import prefect_template_path
 from tests.flows.test_stopping import REPO, _descendants, _still_running
 
 # What the commands' ``meanwhile`` does, in a fresh process (where nothing has imported Prefect yet).
@@ -119,7 +120,7 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("own_cache")
 def test_a_fresh_home_boots_from_the_database_template_that_the_first_server_left(tmp_path: Path) -> None:
-    template = template_path()
+    template = prefect_template_path()
     assert template.parent == tmp_path / "cache" / "wikirag" and not template.exists()
 
     with prefect_api(tmp_path / "first"):
@@ -148,7 +149,7 @@ def test_a_fresh_home_boots_from_the_database_template_that_the_first_server_lef
 @pytest.mark.usefixtures("own_cache")
 def test_a_template_that_a_server_cannot_start_from_is_dropped_and_the_next_start_migrates_afresh(
         tmp_path: Path) -> None:
-    template = template_path()
+    template = prefect_template_path()
     template.parent.mkdir(parents=True)
     template.write_bytes(b"not a database " * 100)  # e.g. a disk that filled up while it was written elsewhere
 
