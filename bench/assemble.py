@@ -36,11 +36,7 @@ TITLES = {
     "train_bench": "Fine-tuning",
     "train_layers_bench": "Fine-tuning only the last decoder blocks",
     "unpadding_bench": "Fine-tuning on unpadded prompts",
-    "cores_bench": "Cores",
-    "worker_malloc_bench": "Encoding in Dask workers: glibc's malloc thresholds",
-    "worker_background_bench": "Encoding in Dask workers: Dask's background sampling",
-    "exit_bench": "A process's exit",
-    "prefect_boot_bench": "Local Prefect server boot",
+    "process_tuning_bench": "Process-level tuning on vs off",
 }
 COMMAND = re.compile(r"^`python bench/(?P<bench>\w+)\.py(?P<args>[^`]*)` \((?P<when>\d{4}-\d\d-\d\d \d\d:\d\d) UTC[);]")
 MARKDOWN_ARG = re.compile(r"--markdown[ =](\S+)")

@@ -5,7 +5,7 @@ Dask) faster or slower than the script anyone would write first? Both sides
 are whole runs from a cold start, each a fresh process (imports, model load,
 engines and all), on the same dump, cores and model:
 
-* **wikirag**: ``python -m flows.cli index-rebuild SAMPLE --store <fresh>``
+* **wikirag**: ``python -m cli.wikirag index-rebuild SAMPLE --store <fresh>``
   with a fresh ``WIKIRAG_HOME`` and no ``PREFECT_API_URL`` (so it starts its
   own Prefect server and a local Dask cluster of ``--workers`` workers, as
   README's first command does): ingest, gates, embed (dtype ``auto``), FAISS,
@@ -21,7 +21,7 @@ engines and all), on the same dump, cores and model:
 Repeats alternate the order (wikirag first, then the script first, ...); the
 ratio is the script's wall time over wikirag's within each repeat, reported
 as min / median / max with both sides' times. ``--avx2`` runs everything as
-on an AVX2-only CPU (rag_core.hardware.AVX2_EMULATION, inherited by every
+on an AVX2-only CPU (rag_core.perf.cpu.AVX2_EMULATION, inherited by every
 child process, Dask workers included).
 
     python bench/rebuild_bench.py --markdown bench/results/rebuild-native.md        # ~15 min on 2 cores
@@ -104,7 +104,7 @@ def _clean_env() -> dict[str, str]:
 def run_wikirag(dump: Path, work: Path, workers: int) -> tuple[float, dict]:
     env = _clean_env() | {"WIKIRAG_HOME": str(work / "home"), "WIKIRAG_WORKERS": str(workers)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "index-rebuild", str(dump)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "index-rebuild", str(dump)], cwd=REPO, env=env,
                           capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -161,13 +161,13 @@ def report(info: RunInfo, args: argparse.Namespace, ours: list[tuple[float, dict
         "",
         f"Top passage for \"{QUESTION}\" from the script's index: \"{t_meta['top']}...\".",
         "",
-        f"Prefect database template (runtime/prefect_server.py): {args.template_note}. wikirag's local server starts "
-        "from it in a fresh home; without one, the first server on a machine migrates its own (~8 s more, bench/prefect_boot_bench.py).",
+        f"Prefect database template (runtime/process_tuning.py): {args.template_note}. wikirag's local server starts "
+        "from it in a fresh home; without one, the first server on a machine migrates its own (bench/process_tuning_bench.py).",
         "",
-        f"Cached int8 weights (rag_core/index/int8_engine.py, `~/.cache/wikirag/int8/`): {args.int8_note}. Where the "
+        f"Cached int8 weights (rag_core/perf/int8_engine.py, `~/.cache/wikirag/int8/`): {args.int8_note}. Where the "
         "int8 engine runs, each Dask worker reads them instead of quantizing at its start.",
         "",
-        f"This CPU's int8 probe verdict (rag_core/hardware.py, `~/.cache/wikirag/probes.json`): {args.probe_note}. "
+        f"This CPU's int8 probe verdict (rag_core/perf/probes.py, `~/.cache/wikirag/probes.json`): {args.probe_note}. "
         "Each process of a rebuild (the command, each Dask worker) reads it instead of timing the probe (~0.5 s).",
         "",
     ]
@@ -193,15 +193,16 @@ def main(argv: list[str] | None = None) -> None:
     if not args.sample.exists():
         log(f"skipped: {args.sample} is missing (the real sample lives in ../shared/data); pass --sample PATH")
         return
-    from runtime.prefect_server import template_path
-    from rag_core.index.int8_engine import cache_folder
+    from runtime.process_tuning import prefect_template_path
+    from rag_core.perf.int8_engine import cache_folder
 
-    args.template_note = "present at start" if template_path().is_file() else "none at start (the first run made it)"
+    args.template_note = ("present at start" if prefect_template_path().is_file()
+                          else "none at start (the first run made it)")
     kept = sorted(cache_folder().glob("*.pt"))
     args.int8_note = (f"{len(kept)} file(s) present at start" if kept
                       else "none at start (the first run that ran int8 made them)")
-    from rag_core.hardware import kept_probe
-    from rag_core.index.int8_engine import PROBE_NAME
+    from rag_core.perf.probes import kept_probe
+    from rag_core.perf.int8_engine import PROBE_NAME
 
     verdict = kept_probe(PROBE_NAME)
     args.probe_note = (f"present at start ({verdict:.2f}x)" if verdict is not None
