@@ -19,6 +19,7 @@ import json
 import re
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -93,6 +94,13 @@ class DumpCheck:
     newer: DatedDump | None  # the newest complete run after ``current``; None: nothing new to mirror
     in_progress: tuple[str, ...]  # newer runs whose multistream job is not done yet
     requests: int
+
+    def as_dict(self) -> dict[str, Any]:
+        newer = self.newer
+        return {"wiki": self.wiki, "current": self.current, "in_progress": list(self.in_progress),
+                "requests": self.requests, "newer": None if newer is None else {
+                    "dump_id": newer.dump_id, "dump": newer.dump.url, "index": newer.index.url,
+                    "bytes": newer.dump.size + newer.index.size}}
 
     def describe(self) -> str:
         have = f"{self.wiki}-{self.current}" if self.current else "no dated dump"
