@@ -37,10 +37,11 @@ _SHA1 = re.compile(r"[0-9a-f]{40}")
 class DumpSiteConfig(BaseModel):
     """Which dump site and wiki to follow, and how politely; also the dump flow's parameter."""
 
-    site: str = Field("https://dumps.wikimedia.org", description="the dump site's root URL (or a mirror of it)")
+    site: str = Field("https://dumps.wikimedia.org", pattern=r"^https?://[^/?#]+(/[^?#]*)?$",
+                      description="the dump site's root URL, http(s) (or a mirror of it)")
     wiki: str = Field("enwiki", pattern=r"^[a-z0-9_]+$", description="the wiki's database name, e.g. enwiki")
     connections: int = Field(2, ge=1, le=8, description="connections at once; Wikimedia allows each client few")
-    piece_bytes: int = Field(32 << 20, ge=1, description="bytes per range request; a rerun keeps finished pieces")
+    piece_bytes: int = Field(32 << 20, ge=4096, description="bytes per range request; a rerun keeps finished pieces")
     tries: int = Field(5, ge=1, description="attempts per request; 429 and 5xx wait as Retry-After asks")
     backoff_s: float = Field(2.0, ge=0, description="first wait when the site names none; doubles per try")
     max_wait_s: float = Field(300.0, ge=0, description="a longer Retry-After ends the run instead of waiting")
