@@ -74,6 +74,11 @@ class ServiceCredentials:
                    S3Identity(env["WIKIRAG_MLFLOW_S3_KEY"], env["WIKIRAG_MLFLOW_S3_SECRET"]),
                    env["PREFECT_API_AUTH_STRING"], env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
 
+    def environment(self) -> dict[str, str]:
+        """The secrets under the variables they came from (empty where not given)."""
+        return dict(zip(self.NAMES, (self.store.key, self.store.secret, self.mlflow_s3.key, self.mlflow_s3.secret,
+                                     self.prefect_auth, self.mlflow_user, self.mlflow_password), strict=True))
+
     def s3_identities(self) -> bytes:
         """SeaweedFS's ``-s3.config``: the store's identity and MLflow's, each allowed its own bucket only."""
         identities = [{"name": name, "credentials": [{"accessKey": who.key, "secretKey": who.secret}],

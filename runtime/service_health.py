@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.error import HTTPError
 
 from runtime.service_credentials import S3Identity, ServicesError, TlsFiles
+from runtime.service_specs import Health
 
 
 def http_ok(url: str) -> bool:
@@ -27,6 +28,11 @@ def tcp_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def answers(health: Health, port: int) -> bool:
+    """The unauthenticated probe of a service's definition, on 127.0.0.1."""
+    return http_ok(f"http://127.0.0.1:{port}{health.path}") if health.path else tcp_open(port)
 
 
 def port_free(port: int) -> bool:

