@@ -152,7 +152,8 @@ def workspace_server(prefect_home: Path) -> str | None:
     return info["url"] if _healthy(info["url"]) else None
 
 
-def start_workspace_server(prefect_home: Path, port: int = 4200, startup_timeout: float = 90.0) -> str:
+def start_workspace_server(prefect_home: Path, port: int = ServicePorts.model_fields["prefect_port"].default,
+                           startup_timeout: float = 90.0) -> str:
     """Start a persistent server (with its UI) that later commands of this workspace reuse."""
     running = workspace_server(prefect_home)
     if running:
