@@ -224,7 +224,10 @@ def build_tuned_shard(
     the whole and the IVF lists for this shard. ``trained`` (from
     :func:`train_index`, once for all shards of a version) replaces training:
     the shard adds its rows to a copy of it, so IVF shards share one coarse
-    quantizer, and the report names it (``coarse_sha256``). An empty shard gives an empty
+    quantizer, and the report names it (``coarse_sha256``); an IVF shard then
+    keeps the version's nprobe that came with it and measures its recall at it
+    (its own top-10, so below the target: the version's recall is the one
+    index's). An empty shard gives an empty
     Flat index. A Flat index (or any other without a search parameter) is
     exact: it is not tuned, and its report is ``{"factory": ...}`` alone.
     Training is deterministic; HNSW graphs, built by several threads, may
@@ -259,10 +262,13 @@ def build_tuned_shard(
         return index, {"factory": factory}
     rows, queries = shard_tuning_queries(x, config, shard_id)
     coarse = coarse_fingerprint(index)
-    report = {"factory": factory, **({"coarse_sha256": coarse} if trained is not None and coarse else {}),
-              **tune_search(index, x, rows, queries, recall_target=config.recall_target,
-                                                 metric=config.metric, ef_search=config.ef_search,
-                                                 nprobe=config.nprobe)}
+    nprobe = config.nprobe
+    if trained is not None and coarse is not None:  # the version's nprobe, measured here, not tuned
+        nprobe = nprobe or faiss.downcast_index(trained.index).nprobe
+    shared = {"coarse_sha256": coarse} if trained is not None and coarse else {}
+    report = {"factory": factory, **shared, **tune_search(index, x, rows, queries, recall_target=config.recall_target,
+                                                          metric=config.metric, ef_search=config.ef_search,
+                                                          nprobe=nprobe)}
     if hnsw is not None:
         report["ef_construction"] = int(hnsw.efConstruction)
     return index, report
@@ -270,7 +276,10 @@ def build_tuned_shard(
 
 @dataclass(frozen=True)
 class TrainedIndex:
-    """A trained, empty index and its factory: what every shard of a version copies and fills."""
+    """A trained, empty index and its factory: what every shard of a version copies and fills.
+
+    An IVF index carries the version's nprobe (saved with it), tuned on the training sample: see
+    :func:`train_index`."""
 
     factory: str
     index: faiss.Index
@@ -283,6 +292,10 @@ def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = N
 
     Trained once on a sample of every shard's vectors, it gives the shards one coarse quantizer (and one
     scalar/product quantizer): see the module docstring. Training is deterministic for a given sample.
+    An IVF index also gets the version's nprobe (``config.nprobe``, else tuned like a shard's on a copy
+    filled with the sample): the shards' lists together are the one index's, so they search at the nprobe
+    one index needs. A shard tuned alone would look for its own top-10 among a quarter of the passages, and
+    ask for several times more lists.
     """
     x = as_matrix(sample, "sample")
     n, dim = x.shape
@@ -305,6 +318,13 @@ def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = N
                 f"training {factory!r} on {len(x)} vectors failed ({_faiss_message(exc)}); "
                 "give more training vectors or choose fewer IVF lists / PQ centroids"
             ) from exc
+    if coarse_quantizer(index) is not None and len(x) > 1:
+        sample = faiss.clone_index(index)
+        sample.add(x)
+        rows, queries = shard_tuning_queries(x, config)
+        report = tune_search(sample, x, rows, queries, recall_target=config.recall_target, metric=config.metric,
+                             nprobe=config.nprobe)
+        set_search_params(index, **report["search"])  # saved with the index: every copy starts from it
     return TrainedIndex(factory, index)
 
 

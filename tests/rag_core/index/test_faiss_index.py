@@ -122,6 +122,12 @@ def test_shards_filling_one_trained_index_share_its_coarse_quantizer(data) -> No
              for s, a in enumerate(range(0, 20_000, 5_000))]
     assert trained.index.ntotal == 0  # each shard filled a copy
     assert {r["coarse_sha256"] for _, r in built} == {coarse_fingerprint(trained.index)}
+    # the version's nprobe, tuned once on the sample (the one index's lists), not per shard
+    nprobe = faiss.downcast_index(trained.index).nprobe
+    assert {r["search"]["nprobe"] for _, r in built} == {nprobe} and nprobe > 1
+    alone = faiss.clone_index(trained.index)
+    alone.add(base)
+    assert recall_at(alone.search(queries, 10)[1], truth) >= 0.9  # the whole at that nprobe
     assert [i.ntotal for i, _ in built] == [5_000] * 4
     apart = build_tuned_shard(base[:5_000], config)[1]  # trained on its own rows: other centroids, not named
     assert "coarse_sha256" not in apart and coarse_fingerprint(built[0][0]) != coarse_fingerprint(

@@ -46,6 +46,7 @@ def test_a_built_version_searches_its_shards_as_one_index(wiki: Path, tmp_path: 
     assert verify_version(store, version) > 0  # every file a version reads, checked as always
     trained = deserialize_index(store.read_bytes(INDEXES_DIR, version, TRAINED))
     assert trained.ntotal == 0 and {e.meta["coarse_sha256"] for e in manifest.shards} == {coarse_fingerprint(trained)}
+    assert {e.meta["search"]["nprobe"] for e in manifest.shards} == {faiss.downcast_index(trained).nprobe}
     loaded = ShardedIndex.load(store, version)
     assert loaded.coarse is not None
 
