@@ -27,6 +27,13 @@ One run measures, on the same vectors, queries and cores:
   index and the shards (``ShardedIndex``) at their stored settings and at the
   cheapest common setting reaching recall 0.95 on the questions (equal
   recall), in three thread layouts, whole batches and one query per call;
+* above 10,000 passages, the layout ``auto`` picks for a sharded version: the
+  factory trained once (``train_index``) on a sample of all vectors, one index
+  and ``--shards`` shards filling copies of it (one coarse quantizer), at the
+  cheapest common nprobe reaching recall 0.95 on the questions, against the
+  one index above at its own equal-recall setting; and ``DaskShardedIndex``
+  over those shards on 1 against 2 one-thread LocalCluster workers (``--no-dask``
+  skips it);
 * on the recombined corpus also: the setting tuning picks at several query
   cosines against the settings the questions need, HNSW32's efConstruction on
   one shard, and Flat against HNSW32 on prefixes of growing size.
@@ -34,11 +41,14 @@ One run measures, on the same vectors, queries and cores:
     python bench/make_corpus.py --passages 20000        # once: the --quick corpus (a few minutes)
     python bench/index_bench.py --quick                 # 20,000 passages, 500 questions, smoke test
     python bench/index_bench.py --markdown /tmp/index.md    # 200,000 passages (after make_corpus.py)
+    python bench/index_bench.py --part main --rows 30000 --skip-sample   # the first 30,000, while make_corpus.py
+                                                                          # is still encoding the rest
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import sys
 import tempfile
@@ -57,11 +67,13 @@ from report import RunInfo, spread  # noqa: E402
 
 from rag_core.index.embeddings import shard_bounds  # noqa: E402
 from rag_core.index.faiss_index import (  # noqa: E402
+    FLAT_MAX_VECTORS,
     IndexConfig,
     build_tuned_shard,
     deserialize_index,
     ivf_lists,
     serialize_index,
+    train_index,
 )
 from rag_core.index.search import ShardedIndex, available_cores  # noqa: E402
 from rag_core.index.tuning import (  # noqa: E402
@@ -92,18 +104,37 @@ def verdict(ok: bool) -> str:
 # -- inputs (encoded in a child process: torch never loads where FAISS is timed) -------------------
 
 
-def _prepare(corpus: int, argv: list[str]) -> tuple[RunInfo, dict[str, str], str, list[str]]:
+def _prefix_vectors(corpus: int, rows: int) -> Path | None:
+    """The first ``rows`` vectors of the corpus, from its whole file or the chunks make_corpus.py wrote so far."""
+    import make_corpus
+
+    folder, fid = make_corpus.corpus_dir(corpus), make_corpus._encoder().fingerprint_id
+    out = folder / f"prefix-{rows}-{fid}.npy"
+    whole = make_corpus.corpus_vectors(corpus)
+    if not out.exists() and whole is not None:
+        np.save(out, np.load(whole, mmap_mode="r")[:rows])
+    elif not out.exists():
+        chunks = [folder / f"vectors-{fid}-{s:07d}.npy" for s in range(0, rows, make_corpus.CHUNK)]
+        if not all(c.exists() for c in chunks):
+            return None
+        np.save(out, np.concatenate([np.load(c) for c in chunks])[:rows])
+    return out
+
+
+def _prepare(corpus: int, argv: list[str], rows: int | None = None,
+             skip_sample: bool = False) -> tuple[RunInfo, dict[str, str], str, list[str]]:
     import make_corpus
 
     info = RunInfo.start(argv)
     paths = {}
-    recombined = make_corpus.corpus_vectors(corpus)
+    recombined = make_corpus.corpus_vectors(corpus) if rows is None else _prefix_vectors(corpus, rows)
     if recombined is None:
         log(f"no vectors of a {corpus:,}-passage corpus in {make_corpus.corpus_dir(corpus)}: run "
             f"`python bench/make_corpus.py --passages {corpus}` first; measuring the sample only")
     else:
         paths["recombined"] = str(recombined)
-    paths["sample"] = str(make_corpus.sample_vectors())
+    if not skip_sample:
+        paths["sample"] = str(make_corpus.sample_vectors())
     pool, sets = make_corpus.question_vectors()
     return info, paths, str(pool), sets
 
@@ -266,6 +297,8 @@ class CorpusResult:
     layouts: dict = field(default_factory=dict)  # label -> "workers x threads"
     questions: dict = field(default_factory=dict)  # set name -> [q, d]
     offtopic: dict = field(default_factory=dict)  # the NQ-open set against the same one index
+    together: dict = field(default_factory=dict)  # IVF shards trained together: factory, settings, builds
+    dask: list = field(default_factory=list)  # Dask workers against QPS, the shards trained together
 
 
 def distribution(xb: np.ndarray, questions: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
@@ -315,6 +348,7 @@ def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, arg
                    sharded("shards, oversubscribed", [deserialize_index(serialize_index(s)) for s in shards],
                            offsets, max_workers=args.shards, threads=args.shards * available_cores())]
         ef_one, result.recall[one.label] = cheapest(one, truth)
+        best = one
         ef_shards, recall_shards = cheapest(layouts[0], truth)
         result.setting[one.label] = ef_one
         for s in layouts:
@@ -323,6 +357,7 @@ def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, arg
             result.layouts[s.label] = s.layout
         result.qps |= rounds([contenders["exact"], one, *layouts], xq, args.repeats)
     else:  # exhaustive shards: recall is 1 everywhere; only the thread layouts differ
+        best = contenders["one index, stored"]
         layouts = [sharded("shards, sequential", shards, offsets, max_workers=1),
                    sharded("shards, oversubscribed", shards, offsets, max_workers=args.shards,
                            threads=args.shards * available_cores())]
@@ -342,7 +377,86 @@ def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, arg
         ef, recall = cheapest(again, nq)
         qps |= rounds([again], nq.xq, args.repeats, single=False)
         result.offtopic = {"recall": stored, "setting": ef, "recall_needed": recall, "qps": qps}
+    if n > FLAT_MAX_VECTORS:
+        measure_together(result, xb, truth, offsets, best, args)
+        if args.dask:
+            result.dask = measure_dask(result.together.pop("indexes"), offsets, xb.shape[1], xq, args, work)
     return result
+
+
+def measure_together(result: CorpusResult, xb: np.ndarray, truth: Truth, offsets: np.ndarray, best: Searcher,
+                     args) -> None:
+    """The shards trained together (``train_index`` once, ``auto`` for a sharded version) against one index of
+    the same trained index, and against ``best`` (auto's one index at equal recall): equal-recall QPS."""
+    config, n = IndexConfig(), len(xb)
+    t0 = time.perf_counter()
+    trained = train_index(xb, config, total_vectors=n, shards=args.shards)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    whole, whole_report = build_tuned_shard(xb, config, trained=trained)
+    whole_s = time.perf_counter() - t0
+    built = []
+    for s, (a, b) in enumerate(zip(offsets, [*offsets[1:], n])):
+        t0 = time.perf_counter()
+        built.append((*build_tuned_shard(xb[a:b], config, trained=trained, shard_id=s), time.perf_counter() - t0))
+    shards = [i for i, _, _ in built]
+    log(f"  trained together: {trained.factory}; training {train_s:.1f} s, whole {whole_s:.1f} s, shards "
+        f"{', '.join(f'{t:.1f}' for *_, t in built)} s; stored nprobe {whole_report['search']} / "
+        f"{[r['search'] for _, r, _ in built]}")
+    one = one_index("IVF, one index", whole)
+    layouts = [sharded("IVF shards", shards, offsets), sharded("IVF shards, sequential", shards, offsets,
+                                                                max_workers=1)]
+    ladder = search_ladder(whole)[1]
+    nprobe, recall_one = cheapest(one, truth, ladder)
+    for s in layouts:
+        s.set_param(nprobe)
+    recalls = {s.label: truth.recall(s.search(truth.xq)) for s in [one, *layouts]}
+    qps = rounds([best, one, *layouts], truth.xq, args.repeats)
+    result.together = {"factory": trained.factory, "nprobe": nprobe, "recall": recalls, "qps": qps,
+                       "best": best.label, "layouts": {s.label: s.layout for s in layouts},
+                       "stored": [whole_report["search"].get("nprobe"), *[r["search"].get("nprobe") for _, r, _ in
+                                                                          built]],
+                       "seconds": {"train": train_s, "whole": whole_s, "shards": [t for *_, t in built]},
+                       "indexes": shards}
+    log(f"  nprobe {nprobe}: recall {recalls}; shards / one IVF "
+        f"{np.median(ratios(qps['IVF shards']['batch'], qps[one.label]['batch'])):.2f}, / {best.label} "
+        f"{np.median(ratios(qps['IVF shards']['batch'], qps[best.label]['batch'])):.2f}")
+
+
+def measure_dask(shards: list[faiss.Index], offsets: np.ndarray, dim: int, xq: np.ndarray, args,
+                 work: Path) -> list[dict]:
+    """QPS of ``DaskShardedIndex`` over the shards (published to a local store) on 1 and on 2 one-thread
+    workers of a LocalCluster, per round the two clusters in turn."""
+    from distributed import Client, LocalCluster
+
+    try:
+        from tasks.adapters.dask_retriever import DaskShardedIndex
+    except ImportError:  # before the adapters' move
+        from tasks.distributed_search import DaskShardedIndex
+    from rag_core.index.versions import ShardPayload, publish_version
+    from rag_core.storage import Store
+
+    store = Store(str(work / "dask-store"))
+    payloads = [ShardPayload(serialize_index(i), pa.table({"passage_id": pa.array(
+        (offsets[s] + np.arange(i.ntotal)).astype(str))})) for s, i in enumerate(shards)]
+    version = publish_version(store, payloads, {"dim": dim, "metric": "ip", "factory": "bench"})
+    with contextlib.ExitStack() as stack:
+        indexes = {}
+        for workers in (1, 2):
+            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                       host="127.0.0.1", dashboard_address=None))
+            client = stack.enter_context(Client(cluster, set_as_default=False))
+            indexes[workers] = stack.enter_context(DaskShardedIndex.load(client, store, version))
+            indexes[workers].search_rows(xq[:50], K)  # warm-up: workers' imports, thread pools
+        qps = {workers: [] for workers in indexes}
+        for _ in range(args.repeats):
+            for workers, index in indexes.items():
+                t0 = time.perf_counter()
+                index.search_rows(xq, K)
+                qps[workers].append(len(xq) / (time.perf_counter() - t0))
+    for workers, values in qps.items():
+        log(f"  Dask, {workers} one-thread worker(s): {np.median(values):,.0f} QPS")
+    return [{"workers": workers, "qps": values} for workers, values in qps.items()]
 
 
 # -- efConstruction and the Flat / HNSW threshold (recombined corpus) -----------------------------------
@@ -532,6 +646,7 @@ def corpus_tables(results: list[CorpusResult], args) -> list[str]:
             ref = "one index, stored" if label.endswith("stored") else one
             out.append(f"| {r.name} | {label} | {layout} | {setting(r.setting.get(label))} | {r.recall[label]:.3f} "
                        f"| {qps_cells(r, label, ref)} | {qps_cells(r, label, ref, 'single')} |")
+    out += together_tables(results, args)
     out += ["", "### Build memory", "",
             "Peak-RSS rise of a fresh process that reads its rows, builds, tunes and serialises "
             "(one build each).", "",
@@ -542,6 +657,56 @@ def corpus_tables(results: list[CorpusResult], args) -> list[str]:
         out.append(f"| {r.name} | `{r.factory}` | {mb(r.whole['bytes'])} ({r.whole['bytes'] / r.n:,.0f}) "
                    f"| {r.whole['seconds']:.1f}, {mb(r.whole['rise'])} "
                    f"| {big['seconds']:.1f}, {mb(big['rise'])} | {big['rise'] / r.whole['rise']:.2f} |")
+    return out
+
+
+def together_tables(results: list[CorpusResult], args) -> list[str]:
+    done = [r for r in results if r.together]
+    if not done:
+        return []
+    out = ["", f"### {args.shards} IVF shards trained together against one index", "",
+           "`train_index` trains auto's factory for a sharded version once, on a sample of all vectors; the whole "
+           "index and each contiguous shard fill a copy of it, so the shards share one coarse quantizer and "
+           "`ShardedIndex` ranks the lists once, then each shard scans its part of them. Setting: the cheapest "
+           f"nprobe reaching recall {TARGET} on the questions for the one IVF index, the same for the shards. "
+           "x one index: against auto's one index at its own equal-recall setting (the table above) and against "
+           "the one IVF index, per round. Build seconds: in this process (training, whole, shards).", "",
+           "| corpus | search | layout | setting (stored at build) | recall@10 | QPS, batch | x auto's one index "
+           "| x one IVF index | QPS, 1 query per call | x one IVF index |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in done:
+        t, q = r.together, r.together["qps"]
+        sec = t["seconds"]
+        for label in (t["best"], "IVF, one index", *t["layouts"]):
+            cells = spread(q[label]["batch"], "{:,.0f}")
+            best = spread(ratios(q[label]["batch"], q[t["best"]]["batch"]), "{:.2f}")
+            ivf = spread(ratios(q[label]["batch"], q["IVF, one index"]["batch"]), "{:.2f}")
+            single = spread(q[label]["single"], "{:,.0f}")
+            ivf1 = spread(ratios(q[label]["single"], q["IVF, one index"]["single"]), "{:.2f}")
+            if label == t["best"]:
+                what, layout, value, rec = f"`{r.factory}`, one index", "-", setting(r.setting.get(label)), \
+                    r.recall.get(label, 1.0)
+            else:
+                what = f"`{t['factory']}`, " + ("one index" if label == "IVF, one index" else label.lower()[4:])
+                layout = t["layouts"].get(label, "-")
+                stored = t["stored"][:1] if label == "IVF, one index" else sorted(set(t["stored"][1:]))
+                value = f"nprobe {t['nprobe']} ({'/'.join(map(str, stored))})"
+                rec = t["recall"][label]
+            out.append(f"| {r.name} | {what} | {layout} | {value} | {rec:.3f} | {cells} | {best} | {ivf} | {single} "
+                       f"| {ivf1} |")
+        out.append(f"| {r.name} | build s: training {sec['train']:.1f}, whole {sec['whole']:.1f}, shards "
+                   f"{'/'.join(f'{v:.1f}' for v in sec['shards'])} | | | | | | | | |")
+    dask = [r for r in results if r.dask]
+    if dask:
+        out += ["", "### Dask workers (the shards trained together)", "",
+                "`DaskShardedIndex` over the same shards published to a local store, on LocalClusters of 1 and of "
+                "2 worker processes with one thread each, both up at once and searched in turn per round; whole "
+                "batches of the questions.", "",
+                "| corpus | workers | QPS, batch | x 1 worker |", "|---|---:|---:|---:|"]
+        for r in dask:
+            base = r.dask[0]["qps"]
+            out += [f"| {r.name} | {d['workers']} | {spread(d['qps'], '{:,.0f}')} "
+                    f"| {spread(ratios(d['qps'], base), '{:.2f}')} |" for d in r.dask]
     return out
 
 
@@ -621,6 +786,22 @@ def goals(results: list[CorpusResult]) -> list[str]:
                        f"(`ShardedIndex` default layout, {r.layouts[label]}), {what}: {ratio:.2f}x one index's QPS "
                        f"(median) at recall@10 {r.recall[label]:.3f} vs {r.recall[one]:.3f}; goal >= "
                        f"{GOAL_SHARDED:g}x at equal recall")
+        if r.together:
+            t, q = r.together, r.together["qps"]
+            for ref, what in (("IVF, one index", f"one `{t['factory']}` index"), (t["best"], f"`{r.factory}`, "
+                                                                                    "auto's one index")):
+                ratio = float(np.median(ratios(q["IVF shards"]["batch"], q[ref]["batch"])))
+                rec = t["recall"].get(ref, r.recall.get(ref, 1.0))
+                equal = t["recall"]["IVF shards"] >= min(TARGET, rec)
+                out.append(f"- {mark(equal and ratio >= GOAL_SHARDED)}: {r.name}: {len(r.shards)} shards trained "
+                           f"together (`{t['factory']}`, auto for a sharded version, {t['layouts']['IVF shards']}), "
+                           f"whole batches: {ratio:.2f}x {what}'s QPS (median) at recall@10 "
+                           f"{t['recall']['IVF shards']:.3f} vs {rec:.3f}; goal >= {GOAL_SHARDED:g}x at equal recall")
+        if r.dask:
+            one, two = (d["qps"] for d in r.dask)
+            ratio = float(np.median(ratios(two, one)))
+            out.append(f"- {mark(ratio > 1.0)}: {r.name}: `DaskShardedIndex` over the shards trained together, "
+                       f"2 one-thread workers against 1: {ratio:.2f}x the QPS (median); goal > 1")
         big = max(i["rise"] for i in r.shards) / r.whole["rise"]
         out.append(f"- {mark(big <= GOAL_SHARD_MEMORY)}: {r.name}: the largest shard's build memory is "
                    f"{big:.2f}x the whole index's; goal <= {GOAL_SHARD_MEMORY:g}x")
@@ -654,6 +835,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,4,16,64,256,1024", help="batch sizes for FAISS threads against one")
     p.add_argument("--part", choices=("all", "main", "sweeps"), default="all",
                    help="main: the corpora's goal tables; sweeps: tuning queries, efConstruction, sizes, threads")
+    p.add_argument("--rows", type=int, help="only the first ROWS passages of the corpus: its chunks encoded so far "
+                   "by make_corpus.py are enough")
+    p.add_argument("--skip-sample", action="store_true", help="measure the recombined corpus only")
+    p.add_argument("--no-dask", dest="dask", action="store_false",
+                   help="skip DaskShardedIndex on 1 against 2 LocalCluster workers")
     p.add_argument("--markdown", type=Path, help="also write the markdown section to this file")
     args = p.parse_args(argv)
     args.cosines = [float(v) for v in args.cosines.split(",") if v.strip()]
@@ -674,13 +860,15 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         argv = sys.argv if argv is None else ["bench/index_bench.py", *argv]
-        info, paths, pool_npy, sets = pool.submit(_prepare, args.corpus, argv).result()
+        info, paths, pool_npy, sets = pool.submit(_prepare, args.corpus, argv, args.rows, args.skip_sample).result()
     questions, sets = np.load(pool_npy), np.array(sets)
     faiss.omp_set_num_threads(available_cores())
     results, efc, sizes, calibration, batches = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="index-bench-") as tmp:
         for name, npy in paths.items() if args.part != "sweeps" else ():
             label = f"recombined ({args.corpus:,})" if name == "recombined" else "real sample"
+            if name == "recombined" and args.rows:
+                label = f"recombined ({args.corpus:,}), first {args.rows:,}"
             results.append(measure_corpus(label, Path(npy), questions, sets, args, Path(tmp)))
     if "recombined" in paths and args.part != "main":
         xb = np.load(paths["recombined"], mmap_mode="r")
