@@ -1,0 +1,181 @@
+"""The main job's fine-tune settings, chosen by dev score: n_docs, batch size, steps and trained blocks.
+
+Each candidate is a recipe run (rag_core.train.recipe.run, in this process, ``--threads`` torch
+threads) on QA pairs generated from the index's own passages (rag_core.train.generated_qa, the
+main job's data stage: rules, round trip, held out against the real dev and test questions), over
+the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruct. For each:
+
+- **train loss**: the mean over the first and the last 5 steps (the recipe's per-step losses);
+- **dev loss**: the recipe's mean NLL per example over ``--dev-examples`` generated dev pairs,
+  before (step 0) and after training;
+- **dev score**: the fine-tuned model on the real questions' **dev** split
+  (rag_core.evaluate.real_questions: written + NQ-open/WebQuestions/CuratedTrec answerable from the
+  sample; the test split is never read here), first ``--real-dev`` questions, fast decoding,
+  12 answer tokens, bf16 autocast where native: EM and answer-in-output; the zero-shot start
+  (no fine-tune) is the first row;
+- **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
+  of half the batch: about the same time on 2 cores).
+
+    python bench/train_choice_bench.py --home H [--only NAME,...] [--markdown FILE] [--avx2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import RunInfo, emulate_avx2_if_asked, publish
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+QA_DIR = ROOT.parent / "shared" / "data" / "qa"
+# name -> (n_docs, global batch, steps, trained generator blocks, peak lr); "main" is the main job's ShortRun
+CANDIDATES = {
+    "main": (2, 4, 24, 15, 2e-4),
+    "steps-48-batch-2": (2, 2, 48, 15, 2e-4),
+    "n_docs-1-steps-48": (1, 4, 48, 15, 2e-4),
+    "blocks-8-steps-32": (2, 4, 32, 8, 2e-4),
+    "lr-1e-4": (2, 4, 24, 15, 1e-4),
+    "blocks-all": (2, 4, 24, None, 2e-4),
+}
+
+
+def generated_pairs(store, version: str, held, folder: Path) -> tuple[str, str, dict]:
+    """Train and dev files of the main job's generated QA (default GeneratedQAConfig), and its counts."""
+    from rag_core.train.generated_qa import GeneratedQAConfig, merge_shards, pair_examples, shard_pairs, shard_rows
+    from rag_core.train.generated_qa_store import index_search
+    from rag_core.index.versions import read_index_manifest
+    from rag_core.train.examples import write_examples
+    from rag_core.wiki.ingest import read_passages
+
+    config = GeneratedQAConfig()
+    passages = read_passages(store, read_index_manifest(store, version).dump_id)
+    search = index_search(store, version)
+    parts = []
+    for shard in range(config.shards):
+        start, stop = shard_rows(passages.num_rows, shard, config.shards)
+        parts.append(shard_pairs(passages.slice(start, stop - start), shard, search, held, config))
+    table, counts = merge_shards(parts, config)
+    urls = [write_examples(pair_examples(table, split), str(folder / f"{split}.jsonl")) for split in ("train", "dev")]
+    return urls[0], urls[1], dict(counts)
+
+
+def real_dev(store, version: str, limit: int, qa_dir: Path):
+    """The real questions' dev split (as examples) and the held-out filter of dev + test."""
+    from rag_core.evaluate.real_questions import as_examples, real_questions
+    from rag_core.index.versions import read_index_manifest
+    from rag_core.train.generated_qa import HeldOut
+    from rag_core.wiki.ingest import read_passages
+
+    passages = read_passages(store, read_index_manifest(store, version).dump_id, columns=["title", "text"])
+    texts: dict[str, list[str]] = {}
+    for title, text in zip(passages.column("title").to_pylist(), passages.column("text").to_pylist(), strict=True):
+        texts.setdefault(title, []).append(text or "")
+    items, _ = real_questions({t: " ".join(p) for t, p in texts.items()}, qa_dir if qa_dir.is_dir() else None)
+    return as_examples([i for i in items if i["split"] == "dev"][:limit]), HeldOut.of(as_examples(items))
+
+
+def dev_score(model, examples) -> tuple[float, float]:
+    """EM and answer-in-output of ``model`` on ``examples`` (fast decoding, bf16 autocast where native)."""
+    import torch
+
+    from rag_core.evaluate.predictions import evaluate_model
+    from rag_core.evaluate.real_questions import answer_in_output
+    from rag_core.perf.precision import choose_precision
+
+    native = choose_precision("auto", "cpu").dtype == "bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16) if native else torch.no_grad():
+        evaluation = evaluate_model(model, examples, mode="fast", max_new_tokens=12)
+    found = [answer_in_output(r["prediction"], r["targets"]) for r in evaluation.predictions]
+    return evaluation.scores["em"], sum(found) / max(1, len(found))
+
+
+def main() -> int:
+    emulate_avx2_if_asked()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", type=Path, required=True, help="workspace: store/ with a LATEST index, models/")
+    parser.add_argument("--only", help="comma-separated candidate names (default: all)")
+    parser.add_argument("--dev-examples", type=int, default=16, help="generated dev pairs in the dev loss")
+    parser.add_argument("--real-dev", type=int, default=30, help="real dev questions scored per candidate (0: none, "
+                        "dev loss only)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--qa-dir", type=Path, default=QA_DIR, help="public QA data (nq_open/, webquestions/, ...)")
+    parser.add_argument("--markdown", type=Path, help="write the section to this file")
+    parser.add_argument("--partial", type=Path, help="rewrite this file with the rows so far after each candidate")
+    parser.add_argument("--avx2", action="store_true", help="emulate an AVX2-only CPU (bench/report.py)")
+    args = parser.parse_args()
+    import torch
+
+    from rag_core.index.versions import latest_version
+    from rag_core.model.retriever import IndexRetriever
+    from rag_core.storage import Store
+    from rag_core.train.checkpoints import load_model
+    from rag_core.train.recipe import TrainConfig, initial_model, run, warmup_steps
+    from rag_core.train.tracking import MemoryLogger
+
+    torch.set_num_threads(args.threads)
+    info = RunInfo.start()
+    store = Store(str(args.home / "store"))
+    version = latest_version(store)
+    generator = str(args.home / "models" / "SmolLM2-135M-Instruct")
+    names = args.only.split(",") if args.only else list(CANDIDATES)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="wikirag-choice-") as tmp:
+        examples, held = real_dev(store, version, args.real_dev, args.qa_dir)
+        train, dev, counts = generated_pairs(store, version, held, Path(tmp))
+        retriever = IndexRetriever.load(store, version)
+        # the untrained start as the recipe builds it (the index's own question encoder), at the main job's n_docs
+        start = initial_model(TrainConfig(task="generated-qa", train=train, generator=generator, n_docs=2,
+                                          max_context_length=160), retriever)
+        start.eval()
+        em, found = dev_score(start, examples) if examples else (math.nan, math.nan)
+        rows.append(("zero-shot (no fine-tune)", "2", "", "", "", "", "", "", f"{em:.3f}", f"{found:.3f}", ""))
+        print("#", rows[-1], file=sys.stderr)
+        for name in names:
+            n_docs, batch, steps, blocks, lr = CANDIDATES[name]
+            config = TrainConfig(task="generated-qa", train=train, dev=dev, generator=generator, index_version=version,
+                                 n_docs=n_docs, batch_size=batch, max_steps=steps, train_generator_layers=blocks,
+                                 lr=lr, max_context_length=160, checkpoint_every=0, max_dev_examples=args.dev_examples,
+                                 threads=args.threads, output=f"runs/choice-{name}")
+            logger = MemoryLogger()
+            began = time.perf_counter()
+            result = run(config, store, logger=logger, retriever=retriever)
+            seconds = time.perf_counter() - began
+            model = load_model(store, retriever, Path(tmp) / name)
+            em, found = dev_score(model, examples) if examples else (math.nan, math.nan)
+            head, tail = result.losses[:5], result.losses[-5:]
+            dev_before, dev_after = result.dev_losses[0][1], result.dev_losses[-1][1]
+            rows.append((name, str(n_docs), str(batch), str(steps), "all" if blocks is None else str(blocks),
+                         f"{lr:g}, warm-up {warmup_steps(config)}", f"{sum(head) / len(head):.2f} → "
+                         f"{sum(tail) / len(tail):.2f}", f"{dev_before:.2f} → {dev_after:.2f}", f"{em:.3f}",
+                         f"{found:.3f}", f"{seconds:.0f}"))
+            print("#", rows[-1], file=sys.stderr)
+            if args.partial:  # rows so far, for a run that may not finish on a loaded machine
+                args.partial.write_text(markdown(info, args, counts, examples, rows))
+            del model
+    info.finish()
+    publish(markdown(info, args, counts, examples, rows), args.markdown)
+    return 0
+
+
+def markdown(info, args, counts: dict, examples: list, rows: list[tuple[str, ...]]) -> str:
+    lines = ["## The main job's fine-tune settings, by dev score", "", *info.markdown_header(),
+             (f"Data: QA generated from the sample's index ({counts.get('kept', 0)} pairs kept of "
+              f"{counts.get('candidates', 0)} candidates; train/dev split by page), RAG-Sequence, 160 context tokens, "
+              f"SmolLM2-135M-Instruct, linear decay after warm-up, 1 process, {args.threads} torch threads. Dev "
+              f"loss: {args.dev_examples} generated dev pairs. Dev score: the first {len(examples)} real dev "
+              "questions (test split untouched), fast decoding, 12 answer tokens."), "",
+             "| settings | n_docs | batch | steps | blocks trained | lr | train loss (first 5 → last 5 steps) | "
+             "dev loss (start → end) | dev EM | dev answer-in-output | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|",
+             *("| " + " | ".join(r) + " |" for r in rows)]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
