@@ -17,12 +17,17 @@ is no champion yet) and, when a zero-shot baseline is given, beats that too;
 otherwise the new version gets ``challenger``. The
 decision, with its numbers, is written to the version's tags and to the
 training run.
+
+A refresh (tasks/refresh.py) registers the champion again, logged with a binding to a newer
+index, through the same pin-first path and makes it champion (:func:`register_rebound`). A
+version that took the alias from a champion names it in ``previous_champion``;
+:func:`rollback` moves the alias back there once it finds that version's index still pinned.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +35,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from rag_core.errors import WikiragError
 from rag_core.index.retention import pin_version, unpin_version, version_pins
 from rag_core.storage import Store
 from tasks.adapters.mlflow_flavor import CHECKSUMS_TAG, FLAVOR_MODULE, ArtifactWriter, logged_model_id
@@ -37,6 +43,8 @@ from tasks.adapters.mlflow_tracking import check_reachable
 from tasks.adapters.model_checksums import ModelArtifactError
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+PREVIOUS_TAG = "previous_champion"  # the champion a version replaced: what a rollback returns to
+REFRESHED_FROM_TAG = "refreshed_from"  # the version a refresh logged again, bound to a newer index
 
 
 def model_name(task: str) -> str:
@@ -127,6 +135,19 @@ def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metri
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     name = model_name(task)
+    version = _register_pinned(client, tracking_uri, model_uri, name, store, index_version)
+    champion_version, champion_value = _champion(client, name)
+    alias, reason = gate(name, metric, value, margin, champion_version, champion_value, baseline)
+    promotion = Promotion(name, version, alias, metric, value, champion_version, champion_value, margin,
+                          index_version, reason)
+    _record(client, promotion, store, run_id)
+    return promotion
+
+
+def _register_pinned(client: MlflowClient, tracking_uri: str, model_uri: str, name: str, store: Store,
+                     index_version: str) -> str:
+    """Pin ``index_version`` for the logged model ``model_uri``, register it as a new version of ``name`` carrying
+    its checksum anchor, and move the pin to the version's own name; its version number (module docstring)."""
     model_id = logged_model_id(model_uri)
     anchor = client.get_logged_model(model_id).tags.get(CHECKSUMS_TAG) if model_id else None
     if not anchor:
@@ -147,14 +168,75 @@ def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metri
     client.set_model_version_tag(name, str(version), "index_pin", pin_name(name, version))
     if not held:
         unpin_version(store, index_version, pending)
+    return str(version)
+
+
+def _record(client: MlflowClient, promotion: Promotion, store: Store, run_id: str,
+            extra_tags: dict[str, str] | None = None) -> None:
+    """The decision on the version's tags and in run ``run_id``, then the alias moved; a version promoted over a
+    champion names it in ``PREVIOUS_TAG`` (what :func:`rollback` returns to)."""
+    name, version = promotion.name, promotion.version
+    tags = {"dev_metric": promotion.metric, "dev_metric_value": f"{promotion.value:.6f}",
+            "index_version": promotion.index_version, "store": store.url, "promotion": promotion.reason,
+            "run_id": run_id, **(extra_tags or {})}
+    if promotion.alias == CHAMPION and promotion.champion_version is not None:
+        tags[PREVIOUS_TAG] = promotion.champion_version
+    for key, tag in tags.items():
+        client.set_model_version_tag(name, version, key, tag)
+    client.set_registered_model_alias(name, promotion.alias, version)
+    client.log_dict(run_id, asdict(promotion), "promotion.json")
+    client.set_tag(run_id, "promotion", f"{name} v{version} -> {promotion.alias}: {promotion.reason}")
+
+
+def register_rebound(tracking_uri: str, model_uri: str, name: str, *, run_id: str, metric: str, value: float,
+                     store: Store, index_version: str, source_version: str, reason: str) -> Promotion:
+    """Register ``model_uri`` (version ``source_version`` of ``name`` logged again, bound to ``index_version``) as
+    a new version of ``name``, pinned first (:func:`register`), and make it champion: a refresh already decided
+    (tasks/refresh.py), for ``reason``."""
+    check_reachable(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    version = _register_pinned(client, tracking_uri, model_uri, name, store, index_version)
     champion_version, champion_value = _champion(client, name)
-    alias, reason = gate(name, metric, value, margin, champion_version, champion_value, baseline)
-    promotion = Promotion(name, str(version), alias, metric, value, champion_version, champion_value, margin,
+    promotion = Promotion(name, version, CHAMPION, metric, value, champion_version, champion_value, 0.0,
                           index_version, reason)
-    for key, tag in {"dev_metric": metric, "dev_metric_value": f"{value:.6f}", "index_version": index_version,
-                     "store": store.url, "promotion": reason, "run_id": run_id}.items():
-        client.set_model_version_tag(name, str(version), key, tag)
-    client.set_registered_model_alias(name, alias, str(version))
-    client.log_dict(run_id, {k: v for k, v in asdict(promotion).items()}, "promotion.json")
-    client.set_tag(run_id, "promotion", f"{name} v{version} -> {alias}: {reason}")
+    _record(client, promotion, store, run_id, {REFRESHED_FROM_TAG: source_version})
     return promotion
+
+
+class RollbackError(WikiragError):
+    """A rollback the registry cannot make (no champion, no earlier version, its index no longer pinned)."""
+
+
+@dataclass(frozen=True)
+class Rollback:
+    name: str
+    from_version: str
+    to_version: str
+    index_version: str
+
+
+def rollback(tracking_uri: str, name: str, open_store: Callable[[str], Store]) -> Rollback:
+    """Move ``name``'s champion alias back to the version it replaced (its ``PREVIOUS_TAG``, else the highest
+    version below it), once that version's index is found still pinned for it; ``open_store`` opens a version's
+    ``store`` tag."""
+    check_reachable(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        raise RollbackError(f"{name}: no {CHAMPION} in MLflow at {tracking_uri}; check the name "
+                            "(registered models are wikirag-<task>)") from None
+    earlier = [int(v.version) for v in client.search_model_versions(f"name='{name}'")
+               if int(v.version) < int(champion.version)]
+    previous = champion.tags.get(PREVIOUS_TAG) or (str(max(earlier)) if earlier else None)
+    if previous is None:
+        raise RollbackError(f"{name}: v{champion.version} is its first version; there is nothing to roll back to")
+    target = client.get_model_version(name, previous)
+    index_version, pin = target.tags.get("index_version"), target.tags.get("index_pin")
+    if not index_version or not target.tags.get("store") or \
+            pin not in version_pins(open_store(target.tags["store"]), index_version):
+        raise RollbackError(f"{name} v{previous}: its index {index_version} is no longer pinned by {pin!r}; refused "
+                            f"(it could read an index that is gone): register the model again with wikirag")
+    client.set_registered_model_alias(name, CHAMPION, previous)
+    client.set_model_version_tag(name, str(champion.version), "rolled_back", f"{CHAMPION} moved back to v{previous}")
+    return Rollback(name, str(champion.version), previous, index_version)
