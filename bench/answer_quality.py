@@ -60,8 +60,11 @@ def main() -> int:
 
     torch.set_num_threads(1)  # s / question on one thread: comparable on a shared machine (and in the header)
     info = RunInfo.start()
+    info.notes.append("s / question: one torch thread, on a machine shared with other jobs at the load above; not a "
+                      "timing figure (bench/answer_speed.py times answers). The accuracy columns do not depend on "
+                      "the load.")
 
-    from flows.ask import load_model
+    from cli.ask import load_model
     from runtime.settings import Settings, quiet_environment
 
     quiet_environment()
@@ -70,6 +73,8 @@ def main() -> int:
     items, notes = sample_questions(article_texts(model.retriever))
     items = [item for item in items if item["split"] == args.split][: args.limit]
     kinds = {"RAG-Sequence": "sequence", "RAG-Token": "token"}
+    if not items:
+        parser.error(f"no {args.split} questions in this workspace's index (bench/questions.py counts them)")
     rows, seconds = [], dict.fromkeys(SYSTEMS, 0.0)
     for i, item in enumerate(items):
         with torch.no_grad():
@@ -90,24 +95,22 @@ def main() -> int:
         rows.append(row)
         print(f"{i + 1}/{len(items)} {item['question']} -> " + " | ".join(
             f"{k}: {v}" for k, v in row["outputs"].items()), file=sys.stderr, flush=True)
-    info.finish()
-    info.notes.append("s / question: one torch thread, on a machine shared with other jobs at the load above; not "
-                      "a timing figure (bench/answer_speed.py times answers). The accuracy columns do not depend "
-                      "on the load.")
-    lines = report(rows, seconds, notes, info, args, str(model.generator.dtype).removeprefix("torch."),
-                   model.config.grounded)
+        info.finish()
+        lines = report(rows, seconds, notes, info, args, str(model.generator.dtype).removeprefix("torch."),
+                       model.config.grounded, len(items))
+        if args.markdown:  # after every question: a run stopped early still leaves its table, with its count
+            Path(args.markdown).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    if args.markdown:
-        Path(args.markdown).write_text("\n".join(lines) + "\n")
     return 0
 
 
 def report(rows: list[dict], seconds: dict[str, float], notes: list[str], info: RunInfo, args,
-           dtype: str, grounded: bool) -> list[str]:
+           dtype: str, grounded: bool, total: int) -> list[str]:
     n = len(rows)
     sources = Counter(r["source"] for r in rows)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
-    lines = [f"## Answer quality on the {args.split} split of the project's questions ({n}: {counts}; "
+    done = f"{n}" if n == total else f"the first {n} of {total}, a run stopped early"
+    lines = [f"## Answer quality on the {args.split} split of the project's questions ({done}: {counts}; "
              f"n_docs={args.n_docs}, zero-shot, generator {dtype}, grounded decoding "
              f"{'on' if grounded else 'off'})", "",
              *info.markdown_header(), *(f"- {note}" for note in notes), "",
