@@ -7,12 +7,15 @@ exit, and the Prefect database template. Everything else is the same in both
 modes: one user cache (int8 weights, probe verdicts, the template a first
 untimed run leaves), dtype and engine ``auto`` (``WIKIRAG_PERF`` stays on).
 
-Commands, each a fresh process as a user runs it, in alternating order:
+Commands (``--commands``, default all three), each a fresh process as a user
+runs it, in alternating order:
 
 * ``index-rebuild`` of the first ``--articles`` articles of the real sample in
   a fresh ``WIKIRAG_HOME`` (its own Prefect server, a local Dask cluster of
   ``--workers`` workers: ingest, embed, FAISS, gates, publish);
-* ``search`` of one question against the index the first run published
+* ``ingest`` of the same dump in a fresh ``WIKIRAG_HOME``: the Prefect
+  server's boot, the cluster and the exit weigh more here than the work;
+* ``search`` of one question against the index of an untimed first rebuild
   (start, encoder and index load, the exit).
 
 Reported: wall seconds per mode (min / median / max) and the ratio off / on
@@ -39,6 +42,7 @@ from report import RunInfo, alternating, bench_parser, emulate_avx2_if_asked, pa
 SAMPLE = REPO.parent / "shared/data/wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 QUESTION = "Who was the teacher of Alexander the Great?"
 MODES = {"on": {}, "off": {"WIKIRAG_PROCESS_TUNING": "off"}}
+COMMANDS = ("index-rebuild", "ingest", "search")
 CLI = "cli.wikirag"  # the module `wikirag` runs, as `python -m`
 
 
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--articles", type=int, default=40, help="articles of the sample to rebuild (default 40)")
     parser.add_argument("--workers", type=int, default=2, help="local Dask workers (default 2: the cores)")
     parser.add_argument("--sample", type=Path, default=SAMPLE, help="the dump (default the real sample)")
+    parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS),
+                        help="commands to time (default all)")
     args = parse_bench_args(parser, argv)
     if not args.sample.exists():
         log(f"skipped: {args.sample} is missing (the real sample lives in ../shared/data); pass --sample PATH")
@@ -92,28 +98,29 @@ def main(argv: list[str] | None = None) -> None:
         first = root / "first-home"
         seconds, out = timed(["index-rebuild", str(dump)], _env("on", first, cache, args.workers))
         log(f"untimed first rebuild (fills the user cache): {seconds:.1f} s, version {out.split()[-1]}")
+        argv = {"index-rebuild": ["index-rebuild", str(dump)], "ingest": ["ingest", str(dump)],
+                "search": ["search", "--json", QUESTION]}
         for r, mode in alternating(list(MODES), args.repeats):
-            home = root / f"{mode}-{r}"
-            rebuild, _ = timed(["index-rebuild", str(dump)], _env(mode, home, cache, args.workers))
-            search, _ = timed(["search", "--json", QUESTION], _env(mode, first, cache, args.workers))
-            times.setdefault(("index-rebuild", mode), []).append(rebuild)
-            times.setdefault(("search", mode), []).append(search)
-            log(f"round {r + 1}: tuning {mode}: index-rebuild {rebuild:.1f} s, search {search:.1f} s")
+            for command in args.commands:
+                home = first if command == "search" else root / f"{mode}-{r}-{command}"
+                seconds, _ = timed(argv[command], _env(mode, home, cache, args.workers))
+                times.setdefault((command, mode), []).append(seconds)
+                log(f"round {r + 1}: tuning {mode}: {command} {seconds:.1f} s")
     info.finish()
     lines = [
         "## Process-level tuning: real commands with WIKIRAG_PROCESS_TUNING on vs off",
         "",
         *info.markdown_header(),
-        f"Each command a fresh process, {args.repeats} rounds, modes in alternating order. `index-rebuild`: the "
-        f"first {args.articles} articles of the real sample in a fresh `WIKIRAG_HOME` (own Prefect server, "
-        f"{args.workers} local Dask workers); `search`: one question against the index of an untimed first rebuild, "
-        "which also filled the user cache both modes share (method in bench/README.md).",
+        f"Each command a fresh process, {args.repeats} rounds, modes in alternating order. `index-rebuild` and "
+        f"`ingest`: the first {args.articles} articles of the real sample in a fresh `WIKIRAG_HOME` (own Prefect "
+        f"server, {args.workers} local Dask workers); `search`: one question against the index of an untimed first "
+        "rebuild, which also filled the user cache both modes share (method in bench/README.md).",
         "",
         "| command | tuning on: wall s (min / median / max) | tuning off: wall s (min / median / max) "
         "| off / on (min / median / max) |",
         "|---|---:|---:|---:|",
     ]
-    for command in ("index-rebuild", "search"):
+    for command in args.commands:
         on, off = times[(command, "on")], times[(command, "off")]
         ratios = [b / a for a, b in zip(on, off)]
         lines.append(f"| `{command}` | {spread(on, '{:.1f}')} | {spread(off, '{:.1f}')} | {spread(ratios, '{:.2f}')}x |")
