@@ -8,8 +8,8 @@ and compares.
 
 | service | engine | listens on (``WIKIRAG_<FIELD>``) | health |
 |---|---|---|---|
-| ``s3`` | SeaweedFS (``weed mini``), two S3 identities in a file in memory | ``s3_port`` (and four more) | TCP |
-| ``mlflow`` | ``mlflow server --app-name basic-auth``, artifacts in the MLflow bucket | ``mlflow_port`` | ``GET /health`` |
+| ``s3`` | SeaweedFS (``weed mini``), two S3 identities in a file in memory | ``s3_port`` (+ 4 more) | TCP |
+| ``mlflow`` | ``mlflow server --app-name basic-auth``, its artifacts in S3 | ``mlflow_port`` | ``GET /health`` |
 | ``prefect`` | ``prefect server start`` with basic auth | ``prefect_port`` | ``GET /api/health`` |
 | ``worker`` | ``prefect worker start`` on the ``wikirag-process`` pool | | |
 | ``dask`` | ``dask scheduler`` over TLS, encryption required | ``dask_port``, ``dask_dashboard_port`` | TCP |
@@ -62,7 +62,8 @@ class Placement:
     ports: ServicePorts
     state: str  # the folder each service keeps its data under
     tls: str  # Dask's CA and certificates (runtime.service_credentials.TlsFiles)
-    programs: str = ""  # the folder of the console scripts; "" finds them on PATH
+    programs: str = ""  # the folder of SeaweedFS's `weed` (and, without ``python``, of the console scripts); "": PATH
+    python: str = ""  # an interpreter that runs Prefect, MLflow and Dask as modules; "": their console scripts
     s3_advertised: str | None = None  # SeaweedFS's -ip: the address its parts give each other; None: its own guess
     dask_workers: str = "1"  # processes per `dask worker`: a count or "auto"
     dask_worker_options: tuple[str, ...] = ()  # fixed ports and memory limit where a network policy names them
@@ -77,7 +78,8 @@ class Placement:
         ports = ports or ServicePorts()
         state = home / "services"
         return cls(bind="127.0.0.1", hosts=dict.fromkeys(SPECS, "127.0.0.1"), ports=ports, state=str(state),
-                   tls=str(state / "tls"), programs=str(Path(sys.executable).parent), s3_advertised="127.0.0.1",
+                   tls=str(state / "tls"), programs=str(Path(sys.executable).parent), python=sys.executable,
+                   s3_advertised="127.0.0.1",
                    dask_workers=str(ports.dask_workers), mlflow_backend=f"sqlite:///{state / 'mlflow.db'}",
                    worker_name=f"wikirag-{socket.gethostname()}")
 
@@ -145,13 +147,15 @@ class ServiceSpec:
         return {**self.environment, **secrets}
 
 
-def _program(placement: Placement, name: str) -> str:
-    return str(Path(placement.programs) / name) if placement.programs else name
+def _program(placement: Placement, name: str) -> list[str]:
+    if placement.python and name != "weed":  # the installed package, wherever pip put its console scripts
+        return [placement.python, "-m", name]
+    return [str(Path(placement.programs) / name) if placement.programs else name]
 
 
 def _seaweedfs(at: Placement) -> list[str]:
     weed = at.ports.weed_ports()
-    return [_program(at, "weed"), "mini", f"-dir={at.state}/s3",
+    return [*_program(at, "weed"), "mini", f"-dir={at.state}/s3",
             *([f"-ip={at.s3_advertised}"] if at.s3_advertised else []), f"-ip.bind={at.bind}",
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             *(f"-{part}.port={port}" for part, port in weed.items()),
@@ -159,7 +163,7 @@ def _seaweedfs(at: Placement) -> list[str]:
 
 
 def _mlflow(at: Placement) -> list[str]:
-    return [_program(at, "mlflow"), "server", "--app-name", "basic-auth", "--host", at.bind,
+    return [*_program(at, "mlflow"), "server", "--app-name", "basic-auth", "--host", at.bind,
             "--port", str(at.ports.mlflow_port), "--workers", str(at.mlflow_workers),
             *(["--backend-store-uri", at.mlflow_backend] if at.mlflow_backend else []),
             "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts",
@@ -167,22 +171,22 @@ def _mlflow(at: Placement) -> list[str]:
 
 
 def _prefect_server(at: Placement) -> list[str]:
-    return [_program(at, "prefect"), "server", "start", "--host", at.bind, "--port", str(at.ports.prefect_port)]
+    return [*_program(at, "prefect"), "server", "start", "--host", at.bind, "--port", str(at.ports.prefect_port)]
 
 
 def _prefect_worker(at: Placement) -> list[str]:
-    return [_program(at, "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process",
+    return [*_program(at, "prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process",
             *(["--name", at.worker_name] if at.worker_name else [])]
 
 
 def _dask_scheduler(at: Placement) -> list[str]:
-    return [_program(at, "dask"), "scheduler", "--host", at.bind, "--port", str(at.ports.dask_port),
+    return [*_program(at, "dask"), "scheduler", "--host", at.bind, "--port", str(at.ports.dask_port),
             "--protocol", "tls", *TlsFiles(Path(at.tls)).cli_args(),
             "--dashboard-address", f"{at.bind}:{at.ports.dask_dashboard_port}"]
 
 
 def _dask_workers(at: Placement) -> list[str]:
-    return [_program(at, "dask"), "worker", at.url("dask"), "--host", at.bind, "--protocol", "tls",
+    return [*_program(at, "dask"), "worker", at.url("dask"), "--host", at.bind, "--protocol", "tls",
             *TlsFiles(Path(at.tls)).cli_args(), "--nworkers", at.dask_workers, "--nthreads", "1",
             "--dashboard-address", f"{at.bind}:0", *at.dask_worker_options]
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from runtime.process_tuning import NANNY_ENVIRONMENT
-from runtime.service_specs import COMPOSE, KUBERNETES, SPECS, ServicePorts, ServiceSpec
+from runtime.service_specs import COMPOSE, KUBERNETES, SPECS, ServiceSpec, listening_ports
 from runtime.settings import QUIET_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,8 @@ K8S_SECRET_OF = {  # where Kubernetes keeps each credential that `wikirag servic
     "WIKIRAG_MLFLOW_S3_KEY": ("wikirag-mlflow-s3", "access-key-id"),
     "WIKIRAG_MLFLOW_S3_SECRET": ("wikirag-mlflow-s3", "secret-access-key"),
     "PREFECT_API_AUTH_STRING": ("wikirag-prefect", "auth-string"),
-    "MLFLOW_TRACKING_USERNAME": ("wikirag-mlflow", "username"), "MLFLOW_TRACKING_PASSWORD": ("wikirag-mlflow", "password")}
+    "MLFLOW_TRACKING_USERNAME": ("wikirag-mlflow", "username"),
+    "MLFLOW_TRACKING_PASSWORD": ("wikirag-mlflow", "password")}
 TLS_SECRET = "wikirag-dask-tls"  # files from `python -m runtime.services tls DIR`, mounted as a volume
 SENSITIVE = re.compile(r"SECRET|PASSWORD|ACCESS_KEY|TOKEN|BACKEND_STORE_URI|AUTH_STRING|S3_KEY")
 ADDRESS_VARS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "WIKIRAG_DASK_ADDRESS", "AWS_ENDPOINT_URL",
@@ -198,6 +199,14 @@ def test_the_kubernetes_check_sees_a_drift() -> None:
     drift = _kubernetes_drift(docs)
     assert [d for d in drift if d.startswith("k8s dask-scheduler: command")], drift
     assert [d for d in drift if d.startswith("k8s mlflow: readinessProbe")], drift
+
+
+def test_status_probes_the_port_of_each_health_check() -> None:
+    # `wikirag services status` probes a service's first recorded port (runtime/services.py, _probe)
+    for spec in SPECS.values():
+        if spec.health:
+            assert spec.ports[0] == spec.health.port, spec.name
+            assert listening_ports(spec.name, COMPOSE.ports)[0] == getattr(COMPOSE.ports, spec.health.port)
 
 
 def test_scripts_start_the_defined_services() -> None:
