@@ -82,7 +82,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     info = RunInfo.start()
-    from flows.ask import load_model
+    from cli.ask import load_model
     from runtime.settings import Settings, quiet_environment
     from rag_core.perf.precision import choose_precision
     from rag_core.model.answers import answer

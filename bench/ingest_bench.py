@@ -310,8 +310,8 @@ def wikirag_command() -> list[str]:
     if exe:
         return [exe]
     if not (REPO / "flows" / "cli.py").exists():
-        raise SystemExit(f"no `wikirag` on PATH and no {REPO / 'flows/cli.py'}; run `pip install -e {REPO}`")
-    return [sys.executable, "-m", "flows.cli"]
+        raise SystemExit(f"no `wikirag` on PATH and no {REPO / 'cli/wikirag.py'}; run `pip install -e {REPO}`")
+    return [sys.executable, "-m", "cli.wikirag"]
 
 
 _STAMP_RE = re.compile(r"^(\d\d):(\d\d):(\d\d(?:\.\d+)?) \|", re.MULTILINE)

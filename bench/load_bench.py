@@ -66,7 +66,7 @@ def run_search(store: Path, questions: list[str], path: Path, home: Path) -> tup
     out = path.with_suffix(".out")
     started = time.perf_counter()
     with out.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "search", "--questions", str(path), "--json",
+        proc = subprocess.Popen([sys.executable, "-m", "cli.wikirag", "search", "--questions", str(path), "--json",
                                  "--store", str(store)], cwd=REPO, env=env, stdout=sink, stderr=subprocess.PIPE)
         _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - started

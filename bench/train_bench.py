@@ -52,7 +52,7 @@ TINY = {"d_model": 256, "layers": 2, "heads": 4, "ffn_dim": 1024}
 
 def generator_dir(args) -> tuple[str | None, str]:
     """(folder, description) of the generator; (None, why) when the fetched default is missing."""
-    from flows.models import default_generator_dir, is_converted
+    from runtime.default_generator import default_generator_dir, is_converted
     from runtime.settings import Settings
 
     if args.generator:

@@ -202,7 +202,7 @@ def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None
                       margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
     """The deployment's entry point: the worker's settings (store, MLflow), read once."""
     settings = Settings()
-    from flows.models import resolve_generator
+    from runtime.default_generator import resolve_generator
 
     generator = str(resolve_generator(settings.home, None)) if any("generator" not in r.recipe for r in requests) else None
     requests = [r if "generator" in r.recipe else r.model_copy(update={"recipe": {**r.recipe, "generator": generator}})

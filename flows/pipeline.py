@@ -83,7 +83,7 @@ def index_facts(store: StoreAccess, version: str) -> int:
 @task
 def zero_shot_model(store: StoreAccess, version: str, generator: str, n_docs: int) -> Any:
     """The generator and index before fine-tuning, as `wikirag ask` answers with them."""
-    from flows.ask import untrained_model
+    from tasks.adapters.index_queries import untrained_model
 
     return untrained_model(store.store(), version, generator, n_docs=n_docs)
 

@@ -48,7 +48,7 @@ def evaluate(model: Any, examples: list[Example], *, closed_book: bool = False, 
 
     import torch
 
-    from rag_core.hardware import choose_precision
+    from rag_core.perf.precision import choose_precision
 
     device = str(getattr(getattr(model, "config", None), "device", "cpu"))
     dtype = choose_precision(precision, device).dtype  # type: ignore[arg-type]

@@ -91,7 +91,7 @@ class TrainConfig(BaseModel):
     dev: str | None = Field(None, description="dev examples (same format) for the dev loss; None = none")
     kind: Literal["sequence", "token"] = Field("sequence", description="RAG-Sequence or RAG-Token marginalisation")
     generator: str | None = Field(None, description="generator folder (seq2seq or decoder-only); None = the small "
-                                                    "default BART; real runs: flows.models.default_generator_dir")
+                                                    "default BART; real runs: runtime.default_generator.default_generator_dir")
     index_version: str | None = Field(None, description="index version on the store; None = LATEST (resolved at "
                                                         "setup and recorded in the model)")
     question_encoder: EncoderConfig | None = Field(None, description="initial question tower; None = the encoder "

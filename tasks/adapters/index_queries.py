@@ -1,4 +1,5 @@
-"""Questions to passages from a published index version: a pure query, no flow run.
+"""Questions to passages from a published index version: a pure query, no flow run; and the untrained RAG model
+over an index that ``wikirag ask`` and the main job's zero-shot start answer with.
 
 The query encoder defaults to the one the index manifest records; any other
 must match the index's fingerprint (same weights, pooling and normalisation),
@@ -8,9 +9,6 @@ or the search stops with a clear error rather than returning nonsense.
 from __future__ import annotations
 
 import itertools
-import json
-import sys
-import textwrap
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -45,49 +43,6 @@ class SearchConfig(BaseModel):
         if k > MAX_K:
             raise ValueError(f"-k {k} is over the cap of {MAX_K} passages per question; ask for at most {MAX_K}")
         return k
-
-
-def read_questions(path: str | None, questions: list[str]) -> Iterator[str]:
-    """Questions from the arguments, then one per non-blank line of ``path`` ('-' is stdin).
-
-    The file is read lazily, line by line as the caller asks for questions, so a file of any length (or a pipe
-    that is still being written) costs the memory of one batch. Opening it, and finding at least one question,
-    happen here, before any work.
-    """
-    given = [q.strip() for q in questions if q.strip()]
-    lines: Iterator[str] = _question_lines(path, _open_questions(path)) if path else iter(())
-    if not given:
-        first = next(lines, None)
-        if first is None:
-            raise WikiragError("no questions: give them as arguments or one per line in --questions FILE")
-        given = [first]
-    return itertools.chain(given, lines)
-
-
-def _open_questions(path: str) -> Any:
-    if path == "-":
-        return sys.stdin
-    try:
-        return open(path, encoding="utf-8")  # noqa: SIM115 -- closed by _question_lines when it ends
-    except OSError as exc:
-        raise _unreadable(path, exc) from exc
-
-
-def _question_lines(path: str, stream: Any) -> Iterator[str]:
-    try:
-        for line in stream:
-            if line.strip():
-                yield line.strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _unreadable(path, exc) from exc
-    finally:
-        if stream is not sys.stdin:
-            stream.close()
-
-
-def _unreadable(path: str, exc: Exception) -> WikiragError:
-    return WikiragError(f"{path}: cannot read the questions file ({exc.__class__.__name__}: {exc}); "
-                        "give a UTF-8 text file with one question per line")
 
 
 def batches(questions: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -147,17 +102,17 @@ def answer_questions(store: Store, questions: Iterable[str], config: SearchConfi
                                                    "score": round(h.score, 6)} for h in found]}
 
 
-def print_results(results: Iterable[dict], *, as_json: bool) -> None:
-    """JSON lines, or a readable list: the question, then each passage's score, title and opening words.
+def untrained_model(store: Store, index: str | None, generator: str, *, kind: str = "sequence", n_docs: int = 5,
+                    dtype: str = "float32") -> Any:
+    """The index's own question encoder, the index and a generator folder, untrained: the paper's RAG before
+    fine-tuning, as ``wikirag ask`` answers with it. (A fine-tune's own baseline is
+    ``tasks.finetune.zero_shot_model``, built from its TrainConfig.)"""
+    from rag_core.model.generators import GeneratorConfig
+    from rag_core.model.rag_model import RagConfig, RagModel
+    from rag_core.model.retriever import IndexRetriever
 
-    Each answer is flushed as it is printed, so a reader of a pipe sees it while later questions are searched.
-    """
-    for item in results:
-        if as_json:
-            print(json.dumps(item, ensure_ascii=False), flush=True)
-            continue
-        print(f"Q: {item['question']}")
-        for rank, hit in enumerate(item["results"], 1):
-            snippet = textwrap.shorten(hit["text"] or "", width=160, placeholder=" ...")
-            print(f"  {rank}. [{hit['score']:.3f}] {hit['title']}: {snippet}")
-        print(flush=True)
+    retriever = IndexRetriever.load(store, index)
+    question_encoder = query_encoder_config(IndexManifest.model_validate(retriever.manifest), None, None)
+    config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=question_encoder,
+                       generator=GeneratorConfig(path=generator, dtype=dtype))
+    return RagModel.create(config, retriever)

@@ -56,7 +56,7 @@ def test_a_questions_file_is_answered_while_it_is_still_being_written(published_
     fifo = tmp_path / "questions"
     os.mkfifo(fifo)
     questions = [f"Who was Achilles number {i}?" for i in range(QUESTIONS_PER_BATCH + 3)]
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "search", "--questions", str(fifo), "--json",
+    proc = subprocess.Popen([sys.executable, "-m", "cli.wikirag", "search", "--questions", str(fifo), "--json",
                              "-k", "2", "--store", str(published_index.store)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     try:
@@ -123,7 +123,7 @@ def test_ingest_refuses_a_bz2_bomb_past_the_default_page_cap_in_one_line(prefect
                                                                         capsys: pytest.CaptureFixture) -> None:
     """3 KB of dump whose third page claims 272 MiB: `wikirag ingest` stops at MAX_PAGE_BYTES, exit 2, one line
     naming the dump, the stream's byte and the cap, and nothing is published."""
-    from flows.cli import main
+    from cli.wikirag import main
     from rag_core.wiki.dumps import MAX_PAGE_BYTES
     from tests.rag_core.wiki.test_page_cap import BLOCK, write_bomb_dump
 

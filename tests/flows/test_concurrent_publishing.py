@@ -154,7 +154,7 @@ def test_two_ingests_of_one_dump_at_once_on_s3_both_succeed_and_nothing_publishe
     dump_id = _dump_id(IngestConfig(dump=str(MULTISTREAM), index=str(MULTISTREAM_INDEX)))
     env = {**os.environ, **s3_server.env(), "WIKIRAG_STORE": f"s3://{prefix}", "WIKIRAG_WORKERS": "1",
            "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
-    args = [sys.executable, "-m", "flows.cli", "ingest", str(MULTISTREAM), "--index", str(MULTISTREAM_INDEX)]
+    args = [sys.executable, "-m", "cli.wikirag", "ingest", str(MULTISTREAM), "--index", str(MULTISTREAM_INDEX)]
     watch = PublishedWatch(store, fs, prefix, dump_id)
     watch.start()
     runs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.errors import StoreError
 from rag_core.index.build import build_version
 from rag_core.index.embeddings import EmbedConfig

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600, preexec_fn=die_with_parent)
 
 

@@ -26,7 +26,7 @@ NQ_DEV = SHARED_DATA / "qa" / "nq_open" / "NQ-open.dev.jsonl"
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=900, preexec_fn=die_with_parent)
 
 
@@ -90,8 +90,8 @@ def test_finetune_refuses_a_task_without_files(tmp_path: Path) -> None:
 
 def test_every_evaluation_of_finetune_is_bounded_by_eval_examples(tmp_path: Path) -> None:
     """The recipe's dev-loss passes read at most --eval-examples dev examples, as the flow's evaluations do."""
-    from flows.cli import build_parser
-    from flows.cli_train import finetune_request
+    from cli.wikirag import build_parser
+    from cli.train import finetune_request
     from runtime.settings import Settings
 
     generator = save_tiny_llama(tmp_path / "llama")

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import read_passages
@@ -223,7 +223,7 @@ def test_a_fuzzed_dump_leaves_a_published_index_as_it_was(dump: Dump, published_
     before = _published(store)
     data, index = dict(CASES)["flip in a page stream #0"](dump, random.Random(SEED))
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "index-rebuild", *_write_case(tmp_path / "case", data, index),
+    proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "index-rebuild", *_write_case(tmp_path / "case", data, index),
                            "--store", str(store), "--encoder", str(published_index.encoder)],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=CASE_TIMEOUT_S, check=False,
                           preexec_fn=die_with_parent)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.errors import GateError
 from rag_core.evaluate.normalize import normalize_answer
 from rag_core.parquet_bytes import parquet_to_table

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from tasks.adapters.index_queries import MAX_K
 from tests.conftest import MULTISTREAM
 from tests.flows.conftest import PublishedIndex

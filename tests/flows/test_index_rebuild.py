@@ -135,7 +135,7 @@ def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
 def test_the_command_loads_its_encoder_before_the_flow_and_the_plan_uses_that_one(
         articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path,
         capsys: pytest.CaptureFixture) -> None:
-    from flows.cli import main
+    from cli.wikirag import main
     from rag_core.index.build import load_encoder
 
     dump, index = write_dump(tmp_path, _pages(articles[:4]))
@@ -227,7 +227,7 @@ def test_every_gate_failure_publishes_nothing(articles: list, tiny: Path, home: 
 
 
 def _cli(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], capture_output=True, text=True, env=env,
                           timeout=timeout, preexec_fn=die_with_parent)
 
 

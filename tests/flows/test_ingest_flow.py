@@ -118,7 +118,7 @@ def _published(store: Path) -> list[str]:
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], capture_output=True, text=True, env=env,
                           timeout=300)
 
 
@@ -148,7 +148,7 @@ def test_cli_bad_inputs_give_one_line_and_publish_nothing(wiki: Path, home: Path
 
 
 def test_cli_help_lists_the_commands() -> None:
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "--help"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     for command in ("run", "ingest", "data", "passages"):
         assert command in proc.stdout

@@ -37,7 +37,7 @@ def test_2000_questions_come_back_as_2000_lines_in_input_order(published_index: 
     questions = nq_questions(2000)
     path = tmp_path / "questions.txt"
     path.write_text("\n".join(questions) + "\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "search", "--questions", str(path), "--json", "-k", "3",
+    proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "search", "--questions", str(path), "--json", "-k", "3",
                            "--store", str(published_index.store)], cwd=REPO, capture_output=True, text=True,
                           timeout=900, check=False, preexec_fn=die_with_parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -47,7 +47,7 @@ def test_2000_questions_come_back_as_2000_lines_in_input_order(published_index: 
     assert [a["question"] for a in answers] == questions
     assert all(len(a["results"]) == 3 for a in answers)
     # Each line answers its own question: the same question asked alone gets the same passages.
-    alone = subprocess.run([sys.executable, "-m", "flows.cli", "search", questions[1234], "--json", "-k", "3",
+    alone = subprocess.run([sys.executable, "-m", "cli.wikirag", "search", questions[1234], "--json", "-k", "3",
                             "--store", str(published_index.store)], cwd=REPO, capture_output=True, text=True,
                            timeout=300, check=True, preexec_fn=die_with_parent)
     expected = [r["passage_id"] for r in json.loads(alone.stdout)["results"]]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main, report_published
+from cli.wikirag import main, report_published
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.versions import latest_version, list_versions, read_index_manifest
 from rag_core.storage import Store

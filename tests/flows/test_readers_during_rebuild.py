@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.versions import latest_version
 from rag_core.storage import Store
@@ -59,7 +59,7 @@ def test_searches_during_a_rebuild_on_s3_answer_from_one_whole_version(
     dump, index = write_dump(tmp_path, _pages(articles))
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2", "PYTHONPATH": str(REPO)}
     log = (tmp_path / "rebuild.log").open("w")  # a file, not a pipe: nobody reads it while the loop runs
-    rebuild = subprocess.Popen([sys.executable, "-m", "flows.cli", "index-rebuild", str(dump), "--index", str(index),
+    rebuild = subprocess.Popen([sys.executable, "-m", "cli.wikirag", "index-rebuild", str(dump), "--index", str(index),
                                 "--shards", "2", "--encoder", str(tiny), "--encoder-dtype", "float32"],
                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True,
                                preexec_fn=die_with_parent)

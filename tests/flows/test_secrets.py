@@ -42,7 +42,7 @@ def test_the_secret_is_in_no_file_no_object_and_no_output(s3_server: S3Server, h
     for args in (["-v", "index-rebuild", str(dump), "--index", str(index), "--shards", "2", "--encoder", str(tiny)],
                  ["-v", "search", "Who was Achilles?", "--json"], ["indexes", "show"],
                  ["search", "anything", "--store", f"s3://{s3_server.bucket}/no-such-prefix"]):
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=REPO, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=REPO, capture_output=True,
                               text=True, timeout=600, check=False, preexec_fn=die_with_parent)
         outputs.append(proc)
     assert [p.returncode for p in outputs] == [0, 0, 0, 2], outputs[0].stderr[-3000:]

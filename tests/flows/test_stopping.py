@@ -150,7 +150,7 @@ def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, s
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=600, preexec_fn=die_with_parent, check=False)
 
 
@@ -164,7 +164,7 @@ def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_re
     figures, parts, staged, embedded, stamps = [], 0, 0, set(), {}
     for stop in STOPS:
         run_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"} if stop.own_server else env
-        code, stderr, ran_for, stopped_in, seen = _run_until([sys.executable, "-m", "flows.cli", *args], run_env, stop)
+        code, stderr, ran_for, stopped_in, seen = _run_until([sys.executable, "-m", "cli.wikirag", *args], run_env, stop)
         figures.append(f"{stop.stage}: {signal.Signals(stop.signum).name} after {ran_for:.1f} s -> exit {code} in "
                        f"{stopped_in:.1f} s, {len(seen)} processes it started")
         assert code == 128 + stop.signum, (stop.stage, stderr[-3000:])
@@ -221,7 +221,7 @@ def test_a_stop_mid_embedding_on_s3_publishes_nothing_and_the_rerun_resumes(
            "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
     args = ["index-rebuild", str(dump), "--index", str(index), "--shards", str(SHARDS), "--encoder-dtype", "auto"]
     stop = STOPS[1]._replace(own_server=False)
-    code, stderr, ran_for, stopped_in, seen = _run_until([sys.executable, "-m", "flows.cli", *args], env, stop)
+    code, stderr, ran_for, stopped_in, seen = _run_until([sys.executable, "-m", "cli.wikirag", *args], env, stop)
     print(f"embedding on S3: SIGTERM after {ran_for:.1f} s -> exit {code} in {stopped_in:.1f} s, "
           f"{len(seen)} processes it started")
     assert code == 143 and stopped_in < STOP_WITHIN_S, stderr[-3000:]
@@ -246,7 +246,7 @@ def test_a_stop_signal_that_library_code_turns_into_another_error_is_still_a_sto
     pydantic serializer, and pydantic-core turned its exception into a PydanticSerializationError."""
     from pydantic import BaseModel, model_serializer
 
-    import flows.cli
+    import cli.wikirag
 
     class TerminationSignal(BaseException):  # as Prefect's: a BaseException raised by its SIGTERM handler
         pass
@@ -268,9 +268,9 @@ def test_a_stop_signal_that_library_code_turns_into_another_error_is_still_a_sto
         return 0
 
     saved = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(flows.cli, "cmd_passages", command)
+    monkeypatch.setattr(cli.wikirag, "cmd_passages", command)
     try:
-        code = flows.cli.main(["passages"])
+        code = cli.wikirag.main(["passages"])
     finally:
         signal.signal(signal.SIGTERM, saved)
     assert (code, capsys.readouterr().err) == (

@@ -32,7 +32,7 @@ from typing import IO
 import pytest
 import s3fs
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.search import ShardedIndex
 from rag_core.index.versions import latest_version
@@ -91,7 +91,7 @@ class Run:
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args, self.started = args, time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, cwd=REPO, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=REPO, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
         self.lines: list[str] = []
         self.out: list[str] = []
@@ -351,7 +351,7 @@ def test_a_store_failing_the_move_of_latest_leaves_latest_as_it_was_and_the_reru
         env |= {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url, "WIKIRAG_STORE": f"s3://{prefix}",
                 "WIKIRAG_STORE_RETRIES": "2", "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2",
                 "PYTHONPATH": str(REPO)}
-        args = [sys.executable, "-m", "flows.cli", "index-rebuild", str(dump), "--index", str(index), "--shards", "2",
+        args = [sys.executable, "-m", "cli.wikirag", "index-rebuild", str(dump), "--index", str(index), "--shards", "2",
                 "--encoder", str(tiny), "--encoder-dtype", "float32"]
         proxy.fail_when = lambda method, path: method == "PUT" and path.split("?")[0].endswith("/indexes/LATEST")
         failed = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,

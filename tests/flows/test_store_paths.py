@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from flows.cli import main
-from flows.cli_indexes import human_bytes
+from cli.indexes import human_bytes
+from cli.wikirag import main
 from rag_core.index.faiss_index import sha256_hex
 from rag_core.index.versions import new_version_id
 from tests.flows.conftest import PublishedIndex

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.index.build import build_version
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
@@ -100,7 +100,7 @@ def test_a_manifest_edited_into_other_valid_json_is_caught_through_latest(publis
 def test_the_real_command_prints_no_traceback(published_index: PublishedIndex, tmp_path: Path,
                                               home: Path) -> None:
     store, target = _damaged_copy(published_index, tmp_path, "manifest", "flipped byte breaks UTF-8")
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "search", "Who was Achilles?", "--store", str(store)],
+    proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "search", "Who was Achilles?", "--store", str(store)],
                           capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
     assert (proc.returncode, proc.stdout, len(proc.stderr.splitlines())) == (2, "", 1), proc.stderr
     assert proc.stderr.startswith(f"wikirag: error: {target}: not UTF-8 text")

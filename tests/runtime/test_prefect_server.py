@@ -25,7 +25,7 @@ from tests.flows.test_stopping import REPO, _descendants, _still_running
 FLOW_IMPORTS = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from flows.cli import import_flow
+    from cli.wikirag import import_flow
     from runtime.prefect_server import _healthy, prefect_api
 
     seen = {"prefect_before": "prefect" in sys.modules}

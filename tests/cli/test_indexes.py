@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.wikirag import main
 from rag_core.index.build import build_version
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
@@ -66,7 +66,7 @@ def test_pin_refuses_delete_and_delete_frees_only_unshared_files(versions: tuple
     assert out.splitlines()[0].endswith("\tpinned by rag-seq@champion")
 
     # The real command: exit status 2 and one line naming the holder, no traceback.
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "indexes", "delete", v1, "--store", store],
+    proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "indexes", "delete", v1, "--store", store],
                           check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith(f"wikirag: error: {store}/indexes: refusing to delete {v1}: held by pin "
@@ -150,7 +150,7 @@ def test_gc_during_a_resumed_build_keeps_what_its_lease_holds_and_refuses_a_youn
 
         # A young age without the override: one line, exit 2, nothing on the store touched.
         before = _tree(root)
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "indexes", "gc", "--older-than", "0", "--store",
+        proc = subprocess.run([sys.executable, "-m", "cli.wikirag", "indexes", "gc", "--older-than", "0", "--store",
                                str(root)], capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
         assert proc.stderr.startswith("wikirag: error: gc --older-than 0: below the minimum of 1 hour")

@@ -14,7 +14,7 @@ log = logging.getLogger("wikirag")
 
 
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.cli import import_flow, quiet_expected_tracebacks
+    from cli.flow_runs import import_flow, quiet_expected_tracebacks
     from runtime.prefect_server import prefect_api
 
     log.info("evaluating %s on %s (%s) with MLflow at %s", args.model, args.dev, args.task, settings.tracking_uri)
@@ -30,7 +30,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
 
 def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
     """The flow's request for one task from the command line (the recipe keeps its defaults unless a flag is given)."""
-    from flows.models import resolve_generator
+    from runtime.default_generator import resolve_generator
 
     if args.task not in ("cloze", "generated-qa") and not (args.train and args.dev):
         raise WikiragError(f"--task {args.task} needs --train FILE and --dev FILE (only cloze and generated-qa make "
@@ -64,7 +64,7 @@ def check_memory(request: dict, args: argparse.Namespace, settings: Settings) ->
 
 
 def cmd_finetune(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.cli import import_flow, quiet_expected_tracebacks
+    from cli.flow_runs import import_flow, quiet_expected_tracebacks
     from runtime.prefect_server import prefect_api
 
     request = finetune_request(args, settings)

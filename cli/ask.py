@@ -2,7 +2,7 @@
 
 The RAG model is the index's own question encoder, the index (LATEST or ``--index``) and a
 decoder-only generator (``wikirag models fetch``: SmolLM2-135M-Instruct), in float32 by default:
-bf16 (``--dtype auto``, where ``rag_core.hardware`` finds it native) is ~3x faster on AMX CPUs but
+bf16 (``--dtype auto``, where ``rag_core.perf.precision`` finds it native) is ~3x faster on AMX CPUs but
 changes some greedy answers (bench/answer_speed.py counts them), so it is opt-in. ``--closed-book`` asks the generator alone: the paper's
 baseline. Provenance lists the retrieved passages in the model's order of p(z|x).
 """
@@ -13,35 +13,17 @@ import argparse
 import json
 from typing import Any
 
-from rag_core.storage import Store
 from runtime.settings import Settings
 
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
                kind: str = "sequence", n_docs: int = 5, dtype: str = "float32") -> Any:
     """A RagModel over index ``index`` (LATEST when None) with the generator folder (the fetched default when None)."""
-    from flows.models import resolve_generator
+    from runtime.default_generator import resolve_generator
+    from tasks.adapters.index_queries import untrained_model
 
     path = resolve_generator(settings.home, generator)  # a clear error before the index loads
     return untrained_model(settings.open_store(), index, str(path), kind=kind, n_docs=n_docs, dtype=dtype)
-
-
-def untrained_model(store: Store, index: str | None, generator: str, *, kind: str = "sequence", n_docs: int = 5,
-                    dtype: str = "float32") -> Any:
-    """The index's own question encoder, the index and a generator folder, untrained: the paper's RAG before
-    fine-tuning, as ``wikirag ask`` answers with it. (A fine-tune's own baseline is
-    ``tasks.finetune.zero_shot_model``, built from its TrainConfig.)"""
-    from tasks.adapters.index_queries import query_encoder_config
-    from rag_core.index.manifest import IndexManifest
-    from rag_core.model.generators import GeneratorConfig
-    from rag_core.model.rag_model import RagConfig, RagModel
-    from rag_core.model.retriever import IndexRetriever
-
-    retriever = IndexRetriever.load(store, index)
-    question_encoder = query_encoder_config(IndexManifest.model_validate(retriever.manifest), None, None)
-    config = RagConfig(kind=kind, n_docs=n_docs, question_encoder=question_encoder,
-                       generator=GeneratorConfig(path=generator, dtype=dtype))
-    return RagModel.create(config, retriever)
 
 
 def print_answers(results: list[dict], *, as_json: bool) -> None:
@@ -57,9 +39,10 @@ def print_answers(results: list[dict], *, as_json: bool) -> None:
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches, read_questions
+    from cli.search import read_questions
     from rag_core.errors import WikiragError
     from rag_core.model.answers import answer
+    from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches
 
     questions = read_questions(args.questions, args.question)
     if args.n_docs < 1:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import build_parser, main, read_settings, rebuild_configs
-from flows.cli_indexes import CleanupConfig
+from cli.indexes import CleanupConfig
+from cli.wikirag import build_parser, main, read_settings, rebuild_configs
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
@@ -46,7 +46,7 @@ def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFix
     assert f"one per {EmbedConfig().passages_per_shard:,} passages, at least {EmbedConfig().min_shards}" in rebuild
     assert f"(default {EncoderConfig().dtype}: bf16 where" in rebuild and "{auto,float32,bfloat16}" in rebuild
     assert f"(default {EncoderConfig().engine}: int8 q/k/v and FFN inputs for" in rebuild
-    assert "{auto,torch,int8,onnx}" in rebuild
+    assert "{auto,torch,int8}" in rebuild
     ingest = help_text(capsys, "ingest")
     for name in ("words_per_passage", "max_residue_rate", "shards"):
         assert f"(default {IngestConfig.model_fields[name].default}" in ingest
@@ -110,7 +110,7 @@ def test_store_access_keeps_credentials_out_of_what_is_recorded(monkeypatch: pyt
 
 
 def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) -> None:
-    from flows.cli import short_run_fields
+    from cli.wikirag import short_run_fields
     from flows.pipeline import ShortRun
 
     parse = build_parser().parse_args
@@ -135,7 +135,7 @@ def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_
     import subprocess
     import sys
 
-    program = ("import atexit, gc; from flows.cli import entry; "
+    program = ("import atexit, gc; from cli.wikirag import entry; "
                "atexit.register(lambda: print('teardown ran, frozen:', gc.get_freeze_count() > 10_000)); "
                f"entry({[*command, '--store', str(tmp_path / 'store')]!r})")
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,

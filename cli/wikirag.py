@@ -13,7 +13,6 @@ Prefect reads its settings when imported.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import inspect
 import logging
@@ -27,7 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from flows.cli_indexes import add_indexes
+from cli.flow_runs import import_flow, quiet_expected_tracebacks
+from cli.indexes import add_indexes
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
 from rag_core.index.embeddings import EmbedConfig
@@ -36,6 +36,7 @@ from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.manifest import describe_errors
 from rag_core.wiki.ingest import IngestConfig
 from runtime import stop_signals
+from runtime.process_tuning import end_command, start_process
 from runtime.settings import Settings, quiet_environment
 from tasks.adapters.index_queries import MAX_K, SearchConfig
 
@@ -74,27 +75,6 @@ def _configure_logging(verbose: bool) -> None:
     log.propagate = False
 
 
-class _ExpectedErrorFilter(logging.Filter):
-    """Bad input, or a stop, is explained by one line; its traceback would only bury that line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        # After a stop signal, a failure is its consequence: the one line main() prints says so.
-        if record.exc_info and (isinstance(record.exc_info[1], WikiragError) or stop_signals.received()):
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-def quiet_expected_tracebacks() -> None:
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    loggers = [logging.root, *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
-    for logger in loggers:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, PrefectConsoleHandler):
-                handler.addFilter(_ExpectedErrorFilter())
-
-
 def read_settings(args: argparse.Namespace) -> Settings:
     """The environment's settings with this command's flags applied (the environment itself is left alone)."""
     return Settings(**given(args, home="home", store="store", dask_address="dask_address", workers="workers"))
@@ -117,15 +97,6 @@ def rebuild_configs(args: argparse.Namespace) -> tuple[IngestConfig, EmbedConfig
     return (IngestConfig(dump=args.dump, **given(args, index="index")),
             EmbedConfig(encoder=encoder, **given(args, shards="shards")), IndexConfig(**index),
             GateConfig(**given(args, recall_queries="recall_queries")))
-
-
-def import_flow(module: str) -> typing.Callable[[], None]:
-    """A ``meanwhile`` for ``prefect_api`` that imports a flow's module (Prefect, Dask and the tasks: 2-3 s on
-    2 cores) while the server boots; ``prefect_api`` exports the API URL first, so Prefect reads the right one."""
-    def load() -> None:
-        importlib.import_module(module)
-
-    return load
 
 
 def run_ingest(settings: Settings, config: IngestConfig) -> str:
@@ -228,7 +199,8 @@ def cmd_index_rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 def _log_hardware() -> None:
     """The machine and the dtype models get on it (each worker decides again, for its own CPU)."""
-    from rag_core.hardware import choose_precision, describe
+    from rag_core.perf.cpu import describe
+    from rag_core.perf.precision import choose_precision
 
     log.info("hardware: %s", describe().line())
     choose_precision("auto", "cpu")  # logs the dtype and why
@@ -266,7 +238,7 @@ def public_questions(given_dir: str | None) -> str | None:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded defaults: the real sample to a registered model answering questions."""
-    from flows.models import fetch_default_generator, resolve_generator
+    from runtime.default_generator import fetch_default_generator, resolve_generator
     from runtime.prefect_server import prefect_api, workspace_server
     from runtime.sample_dump import fetch_sample
 
@@ -305,7 +277,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    from tasks.adapters.index_queries import answer_questions, print_results, read_questions
+    from cli.search import print_results, read_questions
+    from tasks.adapters.index_queries import answer_questions
 
     questions = read_questions(args.questions, args.question)
     config = SearchConfig(**given(args, k="k", version="version", encoder_path="encoder",
@@ -480,10 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
 
-    from flows import ask, cli_generated_qa, cli_train, models
-    from runtime import services  # each group registers its subcommands
+    from cli import ask, generated_qa, models, train
+    from runtime import services
 
-    for module in (ask, cli_generated_qa, cli_train, models, services):
+    for module in (ask, generated_qa, train, models, services):  # each group registers its subcommands
         module.add_parser(sub)
     return parser
 
@@ -502,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with stop_signals.recording():
         try:
             settings = read_settings(args)
+            start_process(settings)
             # Prefect takes its home only from the environment, when first imported; Dask workers inherit it.
             os.environ.setdefault("PREFECT_HOME", str(settings.prefect_home))
             return args.func(args, settings)
@@ -525,10 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + signum
 
 
-# Commands that only read: after their one-line error nothing is left to clean up. Their process then ends
-# without the interpreter's teardown, where a native library's thread could abort it after the line (seen with
-# `search` on a corrupt shard: 'terminate called without an active exception', exit 134, in 4 of 40 runs on a busy
-# 2-core machine; no Python frame left, FAISS and Arrow loaded).
+# Commands that only read: after their one-line error nothing is left to clean up, so their process ends without
+# the interpreter's teardown, where a native library's thread (FAISS, Arrow) could abort it after the line and turn
+# exit 2 into 134.
 READ_ONLY_COMMANDS = frozenset({"search", "ask", "indexes"})
 
 
@@ -536,16 +509,9 @@ def entry(argv: Sequence[str] | None = None) -> None:
     """The ``wikirag`` program: :func:`main` (which tests call in process), then the exit."""
     argv = sys.argv[1:] if argv is None else list(argv)
     code = main(argv)
-    # The interpreter's teardown collects garbage over every object the imports made (torch, transformers, Prefect,
-    # pydantic: ~0.5 million): ~2 s at the end of each command, ~0.3 s with them frozen (bench/exit_bench.py).
-    # Objects outside reference cycles are still freed, and atexit handlers still run.
-    gc.freeze()
     # the parser's own reading (a global option's value, as in `--home DIR search`, is no command)
-    if code == 2 and build_parser().parse_args(argv).command in READ_ONLY_COMMANDS:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    read_only = code == 2 and build_parser().parse_args(argv).command in READ_ONLY_COMMANDS
+    end_command(code, skip_teardown=read_only)
 
 
 if __name__ == "__main__":

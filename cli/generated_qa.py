@@ -11,7 +11,7 @@ log = logging.getLogger("wikirag")
 
 
 def cmd_generated_qa(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.cli import import_flow, quiet_expected_tracebacks
+    from cli.flow_runs import import_flow, quiet_expected_tracebacks
     from runtime.prefect_server import prefect_api
     from rag_core.train.generated_qa import GeneratedQAConfig
 

