@@ -52,6 +52,8 @@ EF_CONSTRUCTION = 160  # HNSW build candidate list (FAISS's default is 40); meas
 HNSW_EXTRA_BYTES = 16  # per vector: level, offsets and upper-level links (measured: 656 B for HNSW32_SQ8 at d=384)
 IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
 MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
+SHARED_LISTS_PER_SQRT = 16  # shards trained together: ~16*sqrt(n) lists, short lists for a fast scan
+MIN_SHARED_TRAIN_PER_LIST = 8  # ... trained on at least 8 points each (recall held: docs/benchmarks.md)
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
@@ -95,11 +97,12 @@ class IndexConfig(BaseModel):
         )
 
 
-def ivf_lists(shard_vectors: int, train_vectors: int | None = None) -> int:
-    """About 4*sqrt(n) lists, a power of two, with at least 39 training vectors per list."""
+def ivf_lists(shard_vectors: int, train_vectors: int | None = None, *, per_sqrt: int = 4,
+              min_train: int = MIN_TRAIN_PER_LIST) -> int:
+    """About ``per_sqrt``*sqrt(n) lists, a power of two, with at least ``min_train`` training vectors per list."""
     train = shard_vectors if train_vectors is None else train_vectors
-    cap = max(1, min(train // MIN_TRAIN_PER_LIST, 1 << 16))
-    lists = 1 << max(0, round(math.log2(max(1.0, 4 * math.sqrt(max(shard_vectors, 1))))))
+    cap = max(1, min(train // min_train, 1 << 16))
+    lists = 1 << max(0, round(math.log2(max(1.0, per_sqrt * math.sqrt(max(shard_vectors, 1))))))
     return lists if lists <= cap else 1 << int(math.log2(cap))
 
 
@@ -141,8 +144,9 @@ def choose_factory(
        memory (a higher tier), not a refine.
 
     A version of ``shards`` > 1, trained together (:func:`train_index`), tries
-    ``IVF{k}_HNSW32,Flat`` (4d + 8; k ~ 4*sqrt(n) for the whole index, the
-    centroids found through an HNSW graph) right after Flat: its shards share
+    ``IVF{k}_HNSW32,Flat`` (4d + 8; k ~ 16*sqrt(n) for the whole index, at
+    least 8 training vectors each, the centroids found through an HNSW graph;
+    short lists scan fast at the nprobe questions need) right after Flat: its shards share
     one coarse quantizer and, searched together, cost what one such index
     costs, where HNSW32 shards each cost nearly a whole graph walk
     (docs/benchmarks.md). The tiers below it then size their lists for the
@@ -165,7 +169,7 @@ def choose_factory(
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
     if shards > 1:
-        lists = ivf_lists(n_vectors, train_n)
+        lists = ivf_lists(n_vectors, train_n, per_sqrt=SHARED_LISTS_PER_SQRT, min_train=MIN_SHARED_TRAIN_PER_LIST)
         if fits(4 * dim + IVF_ID_BYTES, (4 * dim + graph) * lists):  # each shard holds the quantizer
             return f"IVF{lists}_HNSW{HNSW_M},Flat"
     if fits(4 * dim + graph):

@@ -27,13 +27,12 @@ from rag_core.index.faiss_index import (
     sha256_hex,
     train_index,
 )
+from rag_core.index.retention import delete_version
+from rag_core.index.version_names import IndexVersionError, new_version_id
 from rag_core.index.versions import (
-    IndexVersionError,
     ShardPayload,
-    delete_version,
     latest_version,
     list_versions,
-    new_version_id,
     publish_version,
     read_manifest,
     write_shard,
@@ -99,16 +98,17 @@ def test_choose_factory_across_sizes_and_budgets() -> None:
 
 def test_auto_for_a_sharded_version_is_ivf_sized_for_the_whole() -> None:
     n, d = 200_000, 384
-    assert choose_factory(n, d, shards=4, train_vectors=100_000) == "IVF2048_HNSW32,Flat"  # 4*sqrt(200k) -> 2048
+    assert choose_factory(n, d, shards=4, train_vectors=100_000) == "IVF8192_HNSW32,Flat"  # 16*sqrt(200k) -> 8192
+    assert choose_factory(n, d, shards=4, train_vectors=40_000) == "IVF4096_HNSW32,Flat"  # 8 training points a list
     config = IndexConfig()
-    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF2048_HNSW32,Flat"
+    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF8192_HNSW32,Flat"
     assert config.resolve_factory(50_000, d, total_vectors=n) == "HNSW32"  # shards trained apart: a graph each
     assert config.resolve_factory(2_000, d, total_vectors=8_000, shards=4) == "Flat"  # small: exact
     assert choose_factory(n, d, n * 700, shards=4) == "HNSW32_SQ8"  # 4d + 8 bytes a vector do not fit
     assert choose_factory(n, d, n * 500, shards=4) == "IVF2048,SQ8"  # lower tiers: lists for the whole too
-    quantizer = (4 * d + 8 * 32 + 16) * 2048  # every shard holds a copy
-    assert choose_factory(n, d, n * (4 * d + 8) + 4 * quantizer, shards=4) == "IVF2048_HNSW32,Flat"
-    assert choose_factory(n, d, n * (4 * d + 8) + 3 * quantizer, shards=4) != "IVF2048_HNSW32,Flat"
+    quantizer = (4 * d + 8 * 32 + 16) * 8192  # every shard holds a copy
+    assert choose_factory(n, d, n * (4 * d + 8) + 4 * quantizer, shards=4) == "IVF8192_HNSW32,Flat"
+    assert choose_factory(n, d, n * (4 * d + 8) + 3 * quantizer, shards=4) != "IVF8192_HNSW32,Flat"
 
 
 def test_shards_filling_one_trained_index_share_its_coarse_quantizer(data) -> None:
