@@ -70,7 +70,7 @@ def rebuild(address: str, dump: tuple[Path, Path], store: str) -> tuple[str, flo
 
 
 def embedding_counts(store_url: str, version: str) -> dict[str, int]:
-    from rag_core.index.embeddings import range_record
+    from rag_core.index.embedding_files import range_record
     from rag_core.index.versions import read_index_manifest
     from rag_core.storage import Store
 

@@ -65,7 +65,7 @@ import faiss  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from report import RunInfo, spread  # noqa: E402
 
-from rag_core.index.embeddings import shard_bounds  # noqa: E402
+from rag_core.index.embedding_files import shard_bounds  # noqa: E402
 from rag_core.index.faiss_index import (  # noqa: E402
     FLAT_MAX_VECTORS,
     IndexConfig,

@@ -42,7 +42,7 @@ SIZES = (2000, 200)
 def build_index(root: Path, passages: int) -> Path:
     """A published 2-shard Flat version of the sample's first ``passages`` passages; returns the store."""
     from rag_core.index.build import build_version
-    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.embedding_files import EmbedConfig
     from rag_core.index.encoders import EncoderConfig
     from rag_core.index.faiss_index import IndexConfig
     from rag_core.storage import Store

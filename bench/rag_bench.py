@@ -96,7 +96,7 @@ def index_version(passages: int):
     if marker.is_file():
         return store, marker.read_text().strip()
     from rag_core.index.build import build_version
-    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.embedding_files import EmbedConfig
     from rag_core.index.faiss_index import IndexConfig
     from tests.passagefiles import publish_passages, sample_passages
 

@@ -30,7 +30,7 @@ from cli.flow_runs import import_flow, quiet_expected_tracebacks
 from cli.indexes import add_indexes
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.manifest import describe_errors

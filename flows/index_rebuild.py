@@ -19,7 +19,7 @@ from prefect_dask import DaskTaskRunner
 
 from flows.ingest import ingest
 from rag_core.index.build import GateConfig, dump_id_of
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner

@@ -25,7 +25,7 @@ from flows.finetune import FinetuneOutcome, FinetuneRequest, finetune
 from flows.generated_qa import generated_qa
 from flows.index_rebuild import index_rebuild
 from rag_core.index.build import GateConfig
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner

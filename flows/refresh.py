@@ -14,7 +14,8 @@ from __future__ import annotations
 from prefect import flow, task
 
 from flows.evaluate import finish_run, load_model
-from rag_core.index.versions import IndexVersionError, latest_version
+from rag_core.index.version_names import IndexVersionError
+from rag_core.index.versions import latest_version
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.adapters.mlflow_tracking import MlflowRunLogger, open_run
 from tasks.dataset_quality import gate_predictions

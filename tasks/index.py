@@ -28,7 +28,7 @@ from rag_core.index.build import (
     plan_version,
     publish_plan,
 )
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.versions import PublishedVersion
 from rag_core.progress import StageProgress

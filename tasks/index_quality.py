@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from rag_core.errors import GateError
 from rag_core.index.build import RECALL_K, BuiltShard, EmbeddedShard, IndexPlan
 from rag_core.index.retention import delete_version
-from rag_core.index.versions import INDEXES_DIR
+from rag_core.index.version_names import INDEXES_DIR
 from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from tasks.quality import GateResult, _validate, artifact_key, combine, report_markdown

@@ -62,15 +62,15 @@ def ingest_lease(store: Store, dump_id: str, dump_url: str) -> contextlib.Abstra
 def index_lease(store: Store, dump_id: str) -> contextlib.AbstractContextManager[Lease]:
     """An index build's lease on its passage set's embedding ranges (any encoder), from before it plans: the ranges
     a resumed build reuses are kept however old they are."""
-    from rag_core.index.embeddings import EMBEDDINGS_DIR
+    from rag_core.index.embedding_files import EMBEDDINGS_DIR
 
     return build_lease(store, "index", dump_id, [f"{EMBEDDINGS_DIR}/*/{dump_id}/"], f"index build of {dump_id}")
 
 
 def protect_plan(lease: Lease, plan: IndexPlan) -> None:
     """Add a planned build's version folder and the embedding folder it reuses vectors from to its lease."""
-    from rag_core.index.embeddings import EMBEDDINGS_DIR
-    from rag_core.index.versions import INDEXES_DIR
+    from rag_core.index.embedding_files import EMBEDDINGS_DIR
+    from rag_core.index.version_names import INDEXES_DIR
 
     reused = [f"{EMBEDDINGS_DIR}/{plan.fingerprint_id}/{plan.reuse_from}/"] if plan.reuse_from else []
     if not lease.protect(f"{INDEXES_DIR}/{plan.version}/", *reused):

@@ -34,7 +34,7 @@ def publish_small_index(store: Store, dump_id: str, passages: pa.Table, encoder,
                         factory: str = "Flat") -> str:
     """Publish ``passages`` and a Flat index version of them built with ``encoder`` (in memory); returns the version."""
     from rag_core.index.build import build_version
-    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.embedding_files import EmbedConfig
     from rag_core.index.faiss_index import IndexConfig
 
     publish_passages(store, dump_id, passages)

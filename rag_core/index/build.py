@@ -34,8 +34,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from rag_core.errors import GateError, StoreError, WikiragError
-from rag_core.index.embed import PassageEncoder, ReuseTable, embed_rows, load_reuse_table
-from rag_core.index.embeddings import (
+from rag_core.index.embedding_files import (
     EmbedConfig,
     embedding_ref,
     range_record,
@@ -53,18 +52,12 @@ from rag_core.index.faiss_index import (
     serialize_index,
     train_index,
 )
+from rag_core.index.incremental_embedding import PassageEncoder, ReuseTable, embed_rows, load_reuse_table
 from rag_core.index.manifest import ShardEntry
 from rag_core.index.retention import delete_version
 from rag_core.index.tuning import RECALL_K, heldout_recall
-from rag_core.index.versions import (
-    INDEXES_DIR,
-    PLAN,
-    ShardPayload,
-    new_version_id,
-    publish_manifest,
-    read_index_manifest,
-    write_shard,
-)
+from rag_core.index.version_names import INDEXES_DIR, PLAN, new_version_id
+from rag_core.index.versions import ShardPayload, publish_manifest, read_index_manifest, write_shard
 from rag_core.storage import Store
 from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
 

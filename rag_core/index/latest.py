@@ -31,11 +31,23 @@ from collections.abc import Iterator
 from rag_core.errors import StoreError
 from rag_core.index.faiss_index import sha256_hex
 from rag_core.index.manifest import MANIFEST, ManifestError, parse_manifest
-from rag_core.index.versions import INDEXES_DIR, LATEST, IndexVersionError, check_name, parse_pointer
+from rag_core.index.version_names import INDEXES_DIR, LATEST, IndexVersionError, check_name
 from rag_core.storage import Store, is_local, translate_errors
 
 LOCK = "_latest.lock"  # a leading '_': never taken for a version folder or a build's leftover
 TRIES = 20  # compares lost to other publishers before giving up: each loss means LATEST moved meanwhile
+
+
+def parse_pointer(data: bytes, where: str) -> dict[str, Any]:
+    """LATEST's bytes as ``{"version", "manifest_sha256"}``; else an error naming ``where`` (its URL) and the fix."""
+    try:
+        pointer = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pointer = None
+    if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
+        raise IndexVersionError(f"{where}: not a LATEST pointer; point it at a version again "
+                                "(rebuild, or write {\"version\": \"...\"}) or delete the file")
+    return pointer
 
 
 def move_latest(store: Store, version: str, *, allow_backwards: bool = False) -> str:

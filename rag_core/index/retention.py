@@ -26,20 +26,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from rag_core.index.embeddings import EMBEDDINGS_DIR, record_files
+from rag_core.index.embedding_files import EMBEDDINGS_DIR, record_files
+from rag_core.index.latest import move_latest
 from rag_core.index.manifest import MANIFEST, ManifestError
-from rag_core.index.versions import (
-    INDEXES_DIR,
-    LATEST,
-    PINS_DIR,
-    PLAN,
-    IndexVersionError,
-    check_name,
-    latest_version,
-    list_versions,
-    move_latest,
-    read_index_manifest,
-)
+from rag_core.index.version_names import INDEXES_DIR, LATEST, PINS_DIR, PLAN, IndexVersionError, check_name
+from rag_core.index.versions import latest_version, list_versions, read_index_manifest
 from rag_core.leases import LeaseRecord, holding_lease, live_leases
 from rag_core.storage import Store, relative_path
 from rag_core.wiki.ingest import PASSAGES_DIR, STAGING_DIR

@@ -38,7 +38,8 @@ import pyarrow as pa
 from rag_core.errors import WikiragError
 from rag_core.index.faiss_index import METRICS, coarse_fingerprint, coarse_quantizer, deserialize_index, sha256_hex
 from rag_core.index.tuning import apply_search_setting, set_search_params
-from rag_core.index.versions import INDEXES_DIR, CorruptShardError, read_manifest
+from rag_core.index.version_names import INDEXES_DIR
+from rag_core.index.versions import CorruptShardError, read_manifest
 from rag_core.parquet_bytes import parquet_to_table
 from rag_core.storage import Store
 

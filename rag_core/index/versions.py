@@ -15,7 +15,7 @@ row order is already stored beside the index). Layout under ``<store>/indexes/``
 
 Versions are immutable: nothing a published version reads (its manifest names
 every file, embedding files included, with their sha256) is rewritten, and
-:func:`delete_version` removes a file only when no other published version
+:func:`rag_core.index.retention.delete_version` removes a file only when no other published version
 references it. A pinned version, or the one LATEST points at, is not deleted.
 
 Versions are ``20261130T114501.123Z-1a2b3c4d`` (UTC time to the millisecond,
@@ -28,9 +28,6 @@ earlier and finished later does not move it back.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import re
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +36,7 @@ import pyarrow as pa
 
 from rag_core.errors import WikiragError
 from rag_core.index.faiss_index import METRICS, IndexBuildError, sha256_hex
+from rag_core.index.latest import move_latest, parse_pointer
 from rag_core.index.manifest import (
     CALLER_FIELDS,
     GENERATED_FIELDS,
@@ -49,19 +47,18 @@ from rag_core.index.manifest import (
     ShardEntry,
     parse_manifest,
 )
+from rag_core.index.version_names import (
+    INDEXES_DIR,
+    LATEST,
+    IndexVersionError,
+    check_name,
+    is_version_name,
+    new_version_id,
+    version_created_at,
+)
 from rag_core.parquet_bytes import table_to_parquet
 from rag_core.storage import Store
 
-INDEXES_DIR = "indexes"
-LATEST = "LATEST"
-PLAN = "plan.json"
-PINS_DIR = "pins"
-_VERSION_NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
-_VERSION_TIME = re.compile(r"^(\d{8}T\d{6})\.(\d{3})Z-[0-9a-f]+$")
-
-
-class IndexVersionError(WikiragError):
-    """An index version is missing, misnamed, held, or cannot be published or deleted."""
 
 
 class CorruptShardError(WikiragError):
@@ -103,28 +100,6 @@ class PublishedVersion(str):
 
     def __reduce__(self) -> tuple[type[PublishedVersion], tuple[IndexManifest, str]]:
         return PublishedVersion, (self.manifest, self.latest)
-
-
-def new_version_id(now: dt.datetime | None = None) -> str:
-    """``YYYYMMDDTHHMMSS.mmmZ-xxxxxxxx``: sorts by UTC creation time (to the millisecond); the hex keeps it unique."""
-    now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
-    return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(4)}"
-
-
-def version_created_at(version: str) -> dt.datetime | None:
-    """The UTC time a :func:`new_version_id` name carries; None for a name of another shape."""
-    match = _VERSION_TIME.match(version)
-    if match is None:
-        return None
-    stamp = dt.datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC)
-    return stamp + dt.timedelta(milliseconds=int(match.group(2)))
-
-
-def check_name(version: str) -> str:
-    """``version`` when it can name a version folder, else a clear error."""
-    if not isinstance(version, str) or not _VERSION_NAME.match(version) or version == LATEST:
-        raise IndexVersionError(f"{version!r} is not an index version name (e.g. 20261130T114501.123Z-1a2b3c4d)")
-    return version
 
 
 def shard_names(shard: int) -> tuple[str, str]:
@@ -209,19 +184,11 @@ def publish_version(
     return publish_manifest(store, version, entries, manifest_fields, now=now)
 
 
-def move_latest(store: Store, version: str, *, allow_backwards: bool = False) -> str:
-    """Point LATEST at a published version unless it names a newer one (``allow_backwards``: whatever it names);
-    returns the version LATEST names on return. See :func:`rag_core.index.latest.move_latest`."""
-    from rag_core.index.latest import move_latest as move  # the pointer's module builds on this one
-
-    return move(store, version, allow_backwards=allow_backwards)
-
-
 # -- reading ---------------------------------------------------------------------
 def list_versions(store: Store) -> list[str]:
     """Published versions (those with a manifest), oldest first."""
     indexes = store.child(INDEXES_DIR)
-    names = [n for n in indexes.list() if _VERSION_NAME.match(n) and n != LATEST]
+    names = [n for n in indexes.list() if is_version_name(n)]
     return [n for n in names if indexes.exists(n, MANIFEST)]
 
 
@@ -237,18 +204,6 @@ def _latest_pointer(store: Store) -> dict[str, Any] | None:
     if not indexes.exists(LATEST):
         return None
     return parse_pointer(indexes.read_bytes(LATEST), indexes.url_of(LATEST))
-
-
-def parse_pointer(data: bytes, where: str) -> dict[str, Any]:
-    """LATEST's bytes as ``{"version", "manifest_sha256"}``; else an error naming ``where`` (its URL) and the fix."""
-    try:
-        pointer = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        pointer = None
-    if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
-        raise IndexVersionError(f"{where}: not a LATEST pointer; point it at a version again "
-                                "(rebuild, or write {\"version\": \"...\"}) or delete the file")
-    return pointer
 
 
 def read_index_manifest(store: Store, version: str | None = None) -> IndexManifest:
@@ -301,10 +256,3 @@ def verify_version(store: Store, version: str | None = None) -> int:
                                         "manifest; delete the version and rebuild")
             checked += 1
     return checked
-
-
-def delete_version(store: Store, version: str, *, force: bool = False) -> Any:
-    """Delete a version and the files no other version references: :func:`rag_core.index.retention.delete_version`."""
-    from rag_core.index.retention import delete_version as delete  # retention builds on this module
-
-    return delete(store, version, force=force)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rag_core.errors import WikiragError
-from rag_core.index.embeddings import read_ref
+from rag_core.index.embedding_files import read_ref
 from rag_core.index.manifest import IndexManifest
 from rag_core.index.search import ShardedIndex, check_k
 from rag_core.storage import Store

@@ -13,7 +13,7 @@ import pytest
 
 from cli.wikirag import main
 from rag_core.index.build import build_version
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.versions import list_versions, read_manifest

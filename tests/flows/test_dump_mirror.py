@@ -36,7 +36,7 @@ def site_config(site: DumpSiteServer) -> DumpSiteConfig:
 def test_a_new_dump_is_mirrored_parsed_from_the_mirror_then_unchanged(site: DumpSiteServer, tmp_path: Path,
                                                                        prefect_server: str) -> None:
     from rag_core.index.build import build_version
-    from rag_core.index.embeddings import EmbedConfig
+    from rag_core.index.embedding_files import EmbedConfig
     from rag_core.index.encoders import Encoder, EncoderConfig
     from rag_core.index.faiss_index import IndexConfig
     from rag_core.index.versions import read_index_manifest

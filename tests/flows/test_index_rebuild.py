@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from flows.index_rebuild import index_rebuild
 from rag_core.errors import GateError
-from rag_core.index.embeddings import EmbedConfig, range_record, read_ref
+from rag_core.index.embedding_files import EmbedConfig, range_record, read_ref
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.search import ShardedIndex

@@ -21,7 +21,7 @@ import pytest
 from cli.indexes import human_bytes
 from cli.wikirag import main
 from rag_core.index.faiss_index import sha256_hex
-from rag_core.index.versions import new_version_id
+from rag_core.index.version_names import new_version_id
 from tests.flows.conftest import PublishedIndex
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "home")

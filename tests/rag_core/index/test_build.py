@@ -14,19 +14,14 @@ import pytest
 
 from rag_core.errors import GateError
 from rag_core.index.build import GateConfig, build_version, embed_plan_shard, plan_version
-from rag_core.index.embeddings import EmbedConfig, read_ref
+from rag_core.index.embedding_files import EmbedConfig, read_ref
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.retention import CleanupConfig, collect_garbage, delete_version, pin_version, unpin_version
 from rag_core.index.search import ShardedIndex
 from rag_core.index.tuning import tuning_queries
-from rag_core.index.versions import (
-    IndexVersionError,
-    latest_version,
-    list_versions,
-    read_index_manifest,
-    verify_version,
-)
+from rag_core.index.version_names import IndexVersionError
+from rag_core.index.versions import latest_version, list_versions, read_index_manifest, verify_version
 from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
 from tests.conftest import S3Server

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import rag_core
-from rag_core.perf.precision import choose_precision
 from rag_core.index.encoders import (
     Encoder,
     EncoderConfig,
@@ -19,6 +18,7 @@ from rag_core.index.encoders import (
     default_encoder_config,
     packaged_model_path,
 )
+from rag_core.perf.precision import choose_precision
 from tests.conftest import SAMPLE_BZ2
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
@@ -125,8 +125,8 @@ def test_vectors_embedded_in_one_dtype_are_reused_by_a_machine_running_the_other
     """An AMX machine (bf16) embeds a shard; an AVX2 one (fp32) finds it done and searches it, and back."""
     import pyarrow as pa
 
-    from rag_core.index.embed import embed_rows, load_reuse_table
-    from rag_core.index.embeddings import read_rows
+    from rag_core.index.incremental_embedding import embed_rows, load_reuse_table
+    from rag_core.index.embedding_files import read_rows
     from rag_core.storage import Store
 
     rows = passages[:6]

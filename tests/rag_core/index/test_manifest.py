@@ -12,13 +12,8 @@ import pytest
 
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
 from rag_core.index.manifest import SCHEMA_VERSION, IndexManifest, ManifestError
-from rag_core.index.versions import (
-    IndexVersionError,
-    latest_version,
-    publish_version,
-    read_index_manifest,
-    read_manifest,
-)
+from rag_core.index.version_names import IndexVersionError
+from rag_core.index.versions import latest_version, publish_version, read_index_manifest, read_manifest
 from rag_core.storage import Store
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rag_core.index.build import build_version, plan_version
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
 from rag_core.index.retention import (
@@ -21,13 +21,8 @@ from rag_core.index.retention import (
     unpin_version,
     version_pins,
 )
-from rag_core.index.versions import (
-    IndexVersionError,
-    list_versions,
-    publish_version,
-    read_index_manifest,
-    verify_version,
-)
+from rag_core.index.version_names import IndexVersionError
+from rag_core.index.versions import list_versions, publish_version, read_index_manifest, verify_version
 from rag_core.leases import take_lease
 from rag_core.storage import Store
 from tests.encoderfiles import tiny_encoder

@@ -20,6 +20,7 @@ from rag_core.index.faiss_index import (
     set_search_params,
     train_index,
 )
+from rag_core.index.retention import delete_version
 from rag_core.index.search import (
     QUERIES_PER_THREAD,
     Hit,
@@ -31,11 +32,10 @@ from rag_core.index.search import (
     search_shard,
     thread_plan,
 )
+from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import (
     CorruptShardError,
-    IndexVersionError,
     ShardPayload,
-    delete_version,
     latest_version,
     list_versions,
     publish_version,

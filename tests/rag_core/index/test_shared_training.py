@@ -16,12 +16,13 @@ from rag_core.index.build import (
     plan_version,
     train_plan_index,
 )
-from rag_core.index.embeddings import EmbedConfig, read_ref
+from rag_core.index.embedding_files import EmbedConfig, read_ref
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig, coarse_fingerprint, deserialize_index, set_search_params
 from rag_core.index.search import ShardedIndex
 from rag_core.index.tuning import tuning_queries
-from rag_core.index.versions import INDEXES_DIR, read_index_manifest, verify_version
+from rag_core.index.version_names import INDEXES_DIR
+from rag_core.index.versions import read_index_manifest, verify_version
 from rag_core.storage import Store
 from tests.encoderfiles import tiny_encoder
 from tests.passagefiles import publish_passages, sample_passages

@@ -16,17 +16,14 @@ import faiss
 import numpy as np
 import pytest
 
+from rag_core.index.latest import move_latest
+from rag_core.index.version_names import LATEST, IndexVersionError, new_version_id, version_created_at
 from rag_core.index.versions import (
-    LATEST,
-    IndexVersionError,
     PublishedVersion,
     latest_version,
     list_versions,
-    move_latest,
-    new_version_id,
     publish_manifest,
     read_index_manifest,
-    version_created_at,
     write_shard,
 )
 from rag_core.storage import Store

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rag_core.index.build import build_version
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, check_compatible, packaged_model_path
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.model.question_encoder import QuestionEncoder

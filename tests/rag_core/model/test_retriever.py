@@ -10,7 +10,7 @@ import pytest
 
 from rag_core.errors import StoreError
 from rag_core.index.build import build_version
-from rag_core.index.embeddings import EmbedConfig
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
 from rag_core.index.versions import publish_version

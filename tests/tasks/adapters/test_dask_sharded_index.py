@@ -13,7 +13,8 @@ from distributed import Client, LocalCluster
 
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, build_tuned_shard, serialize_index
 from rag_core.index.search import QUERIES_PER_THREAD, QueryError, ShardedIndex, available_cores
-from rag_core.index.versions import CorruptShardError, IndexVersionError, ShardPayload, publish_version
+from rag_core.index.version_names import IndexVersionError
+from rag_core.index.versions import CorruptShardError, ShardPayload, publish_version
 from rag_core.storage import Store
 from tasks.adapters.dask_retriever import DaskShardedIndex, place_shards, search_threads
 from tests.rag_core.index.test_faiss_index import clustered_vectors

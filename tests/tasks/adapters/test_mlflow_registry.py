@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from rag_core.errors import WikiragError
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.retention import delete_version, version_pins
-from rag_core.index.versions import IndexVersionError
+from rag_core.index.version_names import IndexVersionError
 from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
 from rag_core.model.retriever import IndexRetriever

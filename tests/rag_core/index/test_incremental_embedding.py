@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 
 from rag_core.errors import StoreError
-from rag_core.index.embed import embed_rows, load_reuse_table
-from rag_core.index.embeddings import (
+from rag_core.index.embedding_files import (
     embedding_ref,
     embeddings_store,
     finished_ranges,
@@ -21,6 +20,7 @@ from rag_core.index.embeddings import (
     read_rows,
 )
 from rag_core.index.encoders import Encoder, EncoderError
+from rag_core.index.incremental_embedding import embed_rows, load_reuse_table
 from rag_core.storage import Store
 from tests.conftest import S3Server
 from tests.encoderfiles import CountingEncoder, tiny_encoder

@@ -1,6 +1,6 @@
 """The embedding stage: embed a range of a passage set without encoding any passage twice.
 
-:func:`embed_rows` writes one range's files (layout: :mod:`rag_core.index.embeddings`):
+:func:`embed_rows` writes one range's files (layout: :mod:`rag_core.index.embedding_files`):
 
 - a range already done (same passages) is skipped;
 - rows that finished ranges of the same passage set hold (another shard plan)
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from rag_core.errors import StoreError
-from rag_core.index.embeddings import (
+from rag_core.index.embedding_files import (
     PASSAGE_COLUMNS,
     Progress,
     embeddings_store,

@@ -18,7 +18,7 @@ encoder fingerprint, the data files' names and sha256, and how many vectors
 were encoded or reused. Files of the layout before ranges
 (``shard-00003.{npy,ids.parquet,json}``) are still read as reuse sources.
 
-Writing them, reusing what exists, is :mod:`rag_core.index.embed`.
+Writing them, reusing what exists, is :mod:`rag_core.index.incremental_embedding`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Sharding a passage set and hashing passages (the files themselves: tests/rag_core/index/test_embed.py)."""
+"""Sharding a passage set and hashing passages (the files themselves: tests/rag_core/index/test_incremental_embedding.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from rag_core.index.embeddings import (
+from rag_core.index.embedding_files import (
     EmbedConfig,
     passage_shard,
     text_hash,
