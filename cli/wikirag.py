@@ -453,10 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
 
-    from cli import ask, generated_qa, models, train
+    from cli import ask, dumps, generated_qa, models, refresh, train
     from runtime import services
 
-    for module in (ask, generated_qa, train, models, services):  # each group registers its subcommands
+    for module in (ask, generated_qa, train, models, refresh, dumps, services):  # each group registers its subcommands
         module.add_parser(sub)
     return parser
 
@@ -501,8 +501,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # Commands that only read: after their one-line error nothing is left to clean up, so their process ends without
 # the interpreter's teardown, where a native library's thread (FAISS, Arrow) could abort it after the line and turn
-# exit 2 into 134.
-READ_ONLY_COMMANDS = frozenset({"search", "ask", "indexes"})
+# exit 2 into 134. A group whose actions differ names the reading action alone (``dumps mirror`` runs a flow).
+READ_ONLY_COMMANDS = frozenset({"search", "ask", "indexes", "dumps check"})
+
+
+def read_only(args: argparse.Namespace) -> bool:
+    """Whether the parsed command (or its group's action) is one of READ_ONLY_COMMANDS."""
+    return args.command in READ_ONLY_COMMANDS or f"{args.command} {getattr(args, 'action', '')}" in READ_ONLY_COMMANDS
 
 
 def entry(argv: Sequence[str] | None = None) -> None:
@@ -510,8 +515,8 @@ def entry(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     code = main(argv)
     # the parser's own reading (a global option's value, as in `--home DIR search`, is no command)
-    read_only = code == 2 and build_parser().parse_args(argv).command in READ_ONLY_COMMANDS
-    end_command(code, skip_teardown=read_only)
+    skip_teardown = code == 2 and read_only(build_parser().parse_args(argv))
+    end_command(code, skip_teardown=skip_teardown)
 
 
 if __name__ == "__main__":
