@@ -432,7 +432,7 @@ def measure_dask(shards: list[faiss.Index], offsets: np.ndarray, dim: int, xq: n
     try:
         from tasks.adapters.dask_retriever import DaskShardedIndex
     except ImportError:  # before the adapters' move
-        from tasks.distributed_search import DaskShardedIndex
+        from tasks.adapters.dask_retriever import DaskShardedIndex
     from rag_core.index.versions import ShardPayload, publish_version
     from rag_core.storage import Store
 

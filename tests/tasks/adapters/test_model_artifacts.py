@@ -121,7 +121,7 @@ def test_the_untampered_model_answers_through_wikirag_and_through_mlflow_pyfunc(
 
 
 @pytest.mark.parametrize("where", ["python_model.py", "data/rag_model/generator/modeling_llama.py",
-                                   "code/tasks/mlflow_flavor.py"])
+                                   "code/tasks/adapters/mlflow_flavor.py"])
 def test_a_python_file_added_to_the_artifact_is_refused_and_never_imported(model: Registered, tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture,
                                                                            where: str) -> None:
