@@ -50,7 +50,8 @@ from rag_core.model.retriever import (
     stored_vectors,
 )
 from rag_core.storage import Store
-from tasks.adapters.dask_waits import DaskWaitTimeoutError, wait_within  # noqa: F401  (DaskWaitTimeoutError: callers catch it here)
+# DaskWaitTimeoutError: callers catch it here
+from tasks.adapters.dask_waits import DaskWaitTimeoutError, wait_within  # noqa: F401
 
 _COLUMNS = ("passage_id", "title", "text")
 # Waits on workers end here, with one line, instead of hanging on a stuck or lost worker: loading reads each

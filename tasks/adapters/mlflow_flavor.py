@@ -182,7 +182,8 @@ def load_registered(model_uri: str, tracking_uri: str, index_version: str | None
                                  f"({str(exc).splitlines()[0][:200]}); check the name, version or alias") from None
     if not anchor or not location:
         raise ModelArtifactError(f"{where}: no {CHECKSUMS_TAG} tag or no logged model, so its files cannot be "
-                                 "checked; refused: register models with wikirag (tasks.adapters.mlflow_registry.register)")
+                                 "checked; refused: register models with wikirag "
+                                 "(tasks.adapters.mlflow_registry.register)")
     with tempfile.TemporaryDirectory(prefix="wikirag-model-") as tmp, _no_progress_bar():
         # the logged model's own files: a models:/NAME/VERSION download would add MLflow's registered_model_meta
         root = Path(download_artifacts(artifact_uri=location, dst_path=tmp, tracking_uri=tracking_uri))

@@ -89,7 +89,8 @@ def _tracking(args: argparse.Namespace, rank: int) -> Iterator[Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tasks.adapters.torchrun_launcher", description="the fine-tuning recipe "
+    parser = argparse.ArgumentParser(prog="python -m tasks.adapters.torchrun_launcher",
+                                     description="the fine-tuning recipe "
                                      "(run it under torchrun; one process without)")
     parser.add_argument("--config", required=True, help="TrainConfig as JSON (rag_core.train.recipe)")
     parser.add_argument("--store", help="store URL (default: WIKIRAG_STORE, else <WIKIRAG_HOME>/store)")
@@ -211,7 +212,8 @@ def torchrun_command(config_file: Path, nproc: int, *, result_file: Path, store_
 def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None, run_id: str | None = None, *,
                     experiment: str | None = None, store_url: str | None = None, dask_address: str | None = None,
                     env: Mapping[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> Any:
-    """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.adapters.torchrun_launcher`` on ``config`` and return its result.
+    """Run ``torchrun --standalone --nproc-per-node NPROC -m tasks.adapters.torchrun_launcher`` on ``config``
+    and return its result.
 
     ``config``: a TrainConfig; ``env``: the job's whole environment (default: a copy of this process's),
     which must hold what Settings reads (WIKIRAG_STORE, AWS_*) unless ``store_url`` says where the

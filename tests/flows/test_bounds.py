@@ -215,6 +215,7 @@ def test_a_training_job_past_its_limit_is_stopped_whole_and_reported_in_one_line
     assert isinstance(error, TrainingJobError), error
     assert str(error) == ("training job for runs/past-its-limit ran past its limit of 8 s and was stopped (torchrun "
                           "and its ranks); its checkpoints are kept and a rerun resumes from the last; raise the "
-                          "limit with launch_training(timeout=...) (default tasks.adapters.torchrun_launcher.JOB_TIMEOUT_S)")
+                          "limit with launch_training(timeout=...) "
+                          "(default tasks.adapters.torchrun_launcher.JOB_TIMEOUT_S)")
     assert _job_processes(marker) == []
     assert took < 60

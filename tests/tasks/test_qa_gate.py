@@ -1,6 +1,6 @@
-"""The gate on real questions (tasks/qa_gate.py, tasks.adapters.mlflow_registry.gate) on a real MLflow store, a real index of the
-sample's passages and real (tiny) transformers models: a model that does not beat its zero-shot start on the
-held-out test questions is not champion, and the summary says so."""
+"""The gate on real questions (tasks/qa_gate.py, tasks.adapters.mlflow_registry.gate) on a real MLflow store, a
+real index of the sample's passages and real (tiny) transformers models: a model that does not beat its zero-shot
+start on the held-out test questions is not champion, and the summary says so."""
 
 from __future__ import annotations
 

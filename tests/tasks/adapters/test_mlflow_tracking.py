@@ -1,4 +1,5 @@
-"""tasks.adapters.mlflow_tracking against a real MLflow store (SQLite): runs, parameters, metrics, artifacts, failures."""
+"""tasks.adapters.mlflow_tracking against a real MLflow store (SQLite): runs, parameters, metrics, artifacts,
+failures."""
 
 from __future__ import annotations
 

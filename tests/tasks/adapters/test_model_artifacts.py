@@ -187,7 +187,8 @@ MLMODEL_ATTACKS = {
     "models from code": (_models_from_code, "loader_module is 'mlflow.pyfunc.loaders.code_model', not "
                                             "'tasks.adapters.mlflow_flavor'; refused"),
     "another loader module": (_another_module, "loader_module is 'evil_loader', not 'tasks.adapters.mlflow_flavor'"),
-    "a code folder shadowing wikirag": (_wikirag_module_shadowed, "the tasks.adapters.mlflow_flavor flavor names ['code']"),
+    "a code folder shadowing wikirag": (_wikirag_module_shadowed,
+                                        "the tasks.adapters.mlflow_flavor flavor names ['code']"),
 }
 
 

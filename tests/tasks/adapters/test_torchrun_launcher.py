@@ -1,4 +1,5 @@
-"""The launcher's watch over torchrun's ranks (tasks/adapters/torchrun_ranks.py): real torchrun jobs whose rank 1 dies by SIGKILL.
+"""The launcher's watch over torchrun's ranks (tasks/adapters/torchrun_ranks.py): real torchrun jobs whose rank 1
+dies by SIGKILL.
 
 The kernel's OOM killer is not triggered here (the machine is shared): the rank kills itself with
 SIGKILL, as the OOM killer would, and the kernel's ``oom_kill`` counter is read from a file the test
