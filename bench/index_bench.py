@@ -27,8 +27,8 @@ One run measures, on the same vectors, queries and cores:
   index and the shards (``ShardedIndex``) at their stored settings and at the
   cheapest common setting reaching recall 0.95 on the questions (equal
   recall), in three thread layouts, whole batches and one query per call;
-* above 10,000 passages, the layout ``auto`` picks for a sharded version: the
-  factory trained once (``train_index``) on a sample of all vectors, one index
+* above 10,000 passages, IVF shards trained together: ``--together-factory``
+  trained once (``train_index``) on a sample of all vectors, one index
   and ``--shards`` shards filling copies of it (one coarse quantizer), at the
   cheapest common nprobe reaching recall 0.95 on the questions, against the
   one index above at its own equal-recall setting; and ``DaskShardedIndex``
@@ -386,11 +386,13 @@ def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, arg
 
 def measure_together(result: CorpusResult, xb: np.ndarray, truth: Truth, offsets: np.ndarray, best: Searcher,
                      args) -> None:
-    """The shards trained together (``train_index`` once, ``auto`` for a sharded version) against one index of
-    the same trained index, and against ``best`` (auto's one index at equal recall): equal-recall QPS."""
+    """IVF shards trained together (``train_index`` once; ``--together-factory``, default
+    ``IVF{4*sqrt(n)}_HNSW32,Flat``) against one index filled from the same trained index, and against ``best``
+    (auto's one index at equal recall): equal-recall QPS."""
     config, n = IndexConfig(), len(xb)
+    factory = args.together_factory or f"IVF{ivf_lists(n)}_HNSW32,Flat"
     t0 = time.perf_counter()
-    trained = train_index(xb, config, total_vectors=n, shards=args.shards)
+    trained = train_index(xb, config, factory, total_vectors=n, shards=args.shards)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     whole, whole_report = build_tuned_shard(xb, config, trained=trained)
@@ -665,7 +667,7 @@ def together_tables(results: list[CorpusResult], args) -> list[str]:
     if not done:
         return []
     out = ["", f"### {args.shards} IVF shards trained together against one index", "",
-           "`train_index` trains auto's factory for a sharded version once, on a sample of all vectors; the whole "
+           "`train_index` trains the factory once, on a sample of all vectors; the whole "
            "index and each contiguous shard fill a copy of it, so the shards share one coarse quantizer and "
            "`ShardedIndex` ranks the lists once, then each shard scans its part of them. Setting: the cheapest "
            f"nprobe reaching recall {TARGET} on the questions for the one IVF index, the same for the shards. "
@@ -793,8 +795,8 @@ def goals(results: list[CorpusResult]) -> list[str]:
                 ratio = float(np.median(ratios(q["IVF shards"]["batch"], q[ref]["batch"])))
                 rec = t["recall"].get(ref, r.recall.get(ref, 1.0))
                 equal = t["recall"]["IVF shards"] >= min(TARGET, rec)
-                out.append(f"- {mark(equal and ratio >= GOAL_SHARDED)}: {r.name}: {len(r.shards)} shards trained "
-                           f"together (`{t['factory']}`, auto for a sharded version, {t['layouts']['IVF shards']}), "
+                out.append(f"- {mark(equal and ratio >= GOAL_SHARDED)}: {r.name}: {len(r.shards)} IVF shards trained "
+                           f"together (`{t['factory']}`, {t['layouts']['IVF shards']}), "
                            f"whole batches: {ratio:.2f}x {what}'s QPS (median) at recall@10 "
                            f"{t['recall']['IVF shards']:.3f} vs {rec:.3f}; goal >= {GOAL_SHARDED:g}x at equal recall")
         if r.dask:
@@ -837,6 +839,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="main: the corpora's goal tables; sweeps: tuning queries, efConstruction, sizes, threads")
     p.add_argument("--rows", type=int, help="only the first ROWS passages of the corpus: its chunks encoded so far "
                    "by make_corpus.py are enough")
+    p.add_argument("--together-factory", help="IVF factory of the shards trained together "
+                   "(default IVF{4*sqrt(n)}_HNSW32,Flat)")
     p.add_argument("--skip-sample", action="store_true", help="measure the recombined corpus only")
     p.add_argument("--no-dask", dest="dask", action="store_false",
                    help="skip DaskShardedIndex on 1 against 2 LocalCluster workers")

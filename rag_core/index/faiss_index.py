@@ -52,8 +52,6 @@ EF_CONSTRUCTION = 160  # HNSW build candidate list (FAISS's default is 40); meas
 HNSW_EXTRA_BYTES = 16  # per vector: level, offsets and upper-level links (measured: 656 B for HNSW32_SQ8 at d=384)
 IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
 MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
-SHARED_LISTS_PER_SQRT = 16  # shards trained together: ~16*sqrt(n) lists, short lists for a fast scan
-MIN_SHARED_TRAIN_PER_LIST = 8  # ... trained on at least 8 points each (recall held: docs/benchmarks.md)
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
@@ -143,14 +141,13 @@ def choose_factory(
        tight it cannot fit: when the recall gate fails here, the fix is more
        memory (a higher tier), not a refine.
 
-    A version of ``shards`` > 1, trained together (:func:`train_index`), tries
-    ``IVF{k}_HNSW32,Flat`` (4d + 8; k ~ 16*sqrt(n) for the whole index, at
-    least 8 training vectors each, the centroids found through an HNSW graph;
-    short lists scan fast at the nprobe questions need) right after Flat: its shards share
-    one coarse quantizer and, searched together, cost what one such index
-    costs, where HNSW32 shards each cost nearly a whole graph walk
-    (docs/benchmarks.md). The tiers below it then size their lists for the
-    whole index too.
+    A version of ``shards`` > 1 is trained together (:func:`train_index`): its
+    IVF tiers size their lists for the whole index (the shards share one coarse
+    quantizer and, searched together, cost what one such index costs), and the
+    per-shard fixed costs count once per shard. The family order stays: on the
+    recombined corpus's first 30,000 passages one IVF index (512 or 2048 lists)
+    was 0.4x to 1.0x HNSW32's QPS at equal recall, so IVF shards trained
+    together did not beat HNSW32 shards there.
 
     Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
     The recall target is a prior, not a guarantee: the recall gate measures it.
@@ -168,10 +165,6 @@ def choose_factory(
     if (n_vectors <= FLAT_MAX_VECTORS or recall_target >= EXACT_RECALL) and fits(4 * dim):
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
-    if shards > 1:
-        lists = ivf_lists(n_vectors, train_n, per_sqrt=SHARED_LISTS_PER_SQRT, min_train=MIN_SHARED_TRAIN_PER_LIST)
-        if fits(4 * dim + IVF_ID_BYTES, (4 * dim + graph) * lists):  # each shard holds the quantizer
-            return f"IVF{lists}_HNSW{HNSW_M},Flat"
     if fits(4 * dim + graph):
         return f"HNSW{HNSW_M}"
     if fits(dim + graph, 8 * dim):

@@ -96,19 +96,15 @@ def test_choose_factory_across_sizes_and_budgets() -> None:
     assert choose_factory(4_000_000, d, 4_000_000 * 450, shard_vectors=250_000, train_vectors=20_000) == "IVF512,SQ8"
 
 
-def test_auto_for_a_sharded_version_is_ivf_sized_for_the_whole() -> None:
+def test_auto_for_a_sharded_version_sizes_ivf_lists_for_the_whole() -> None:
     n, d = 200_000, 384
-    assert choose_factory(n, d, shards=4, train_vectors=100_000) == "IVF8192_HNSW32,Flat"  # 16*sqrt(200k) -> 8192
-    assert choose_factory(n, d, shards=4, train_vectors=40_000) == "IVF4096_HNSW32,Flat"  # 8 training points a list
     config = IndexConfig()
-    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF8192_HNSW32,Flat"
-    assert config.resolve_factory(50_000, d, total_vectors=n) == "HNSW32"  # shards trained apart: a graph each
+    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "HNSW32"  # no budget: the graph still
     assert config.resolve_factory(2_000, d, total_vectors=8_000, shards=4) == "Flat"  # small: exact
-    assert choose_factory(n, d, n * 700, shards=4) == "HNSW32_SQ8"  # 4d + 8 bytes a vector do not fit
-    assert choose_factory(n, d, n * 500, shards=4) == "IVF2048,SQ8"  # lower tiers: lists for the whole too
-    quantizer = (4 * d + 8 * 32 + 16) * 8192  # every shard holds a copy
-    assert choose_factory(n, d, n * (4 * d + 8) + 4 * quantizer, shards=4) == "IVF8192_HNSW32,Flat"
-    assert choose_factory(n, d, n * (4 * d + 8) + 3 * quantizer, shards=4) != "IVF8192_HNSW32,Flat"
+    tight = IndexConfig(memory_budget_bytes=n * 500)
+    assert tight.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF2048,SQ8"  # together: 4*sqrt(200k)
+    assert tight.resolve_factory(50_000, d, total_vectors=n) == "IVF1024,SQ8"  # trained apart: 4*sqrt(50k)
+    assert ivf_lists(30_000, 30_000, per_sqrt=16, min_train=8) == 2048 and ivf_lists(30_000, 30_000) == 512
 
 
 def test_shards_filling_one_trained_index_share_its_coarse_quantizer(data) -> None:
