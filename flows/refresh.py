@@ -31,6 +31,7 @@ from tasks.refresh import (
     rebind,
     record_refresh,
     score_of,
+    skip_reason,
 )
 
 quiet_environment()
@@ -57,16 +58,6 @@ def start_run(tracking_uri: str, champion: Champion, new_index: str) -> str:
     return run_id
 
 
-def _skip(champion: Champion, new_index: str) -> str | None:
-    """Why ``champion`` is not evaluated at all, or None."""
-    if champion.index_version == new_index:
-        return f"already bound to {new_index}"
-    if champion.dev is None:
-        return f"no dev set recorded (no wikirag.dev tag on the run of v{champion.version}); kept on " \
-               f"{champion.index_version}: register it with wikirag finetune"
-    return None
-
-
 @flow(name="refresh-model", validate_parameters=True)
 def refresh_model(champion: Champion, new_index: str, tolerance: float, tracking_uri: str,
                   store: StoreAccess) -> RefreshDecision:
@@ -77,7 +68,7 @@ def refresh_model(champion: Champion, new_index: str, tolerance: float, tracking
     if champion.store != store.url:
         return decision.model_copy(update={"reason": f"bound to an index on {champion.store}, not on {store.url}; "
                                                      "kept: refresh it against its own store"})
-    if (why := _skip(champion, new_index)) is not None:
+    if (why := skip_reason(champion, new_index)) is not None:
         return decision.model_copy(update={"reason": why})
     target = store.store()
     examples = load_examples(champion.task_kind, champion.dev, store.options(champion.dev))[:champion.max_examples]

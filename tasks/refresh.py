@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from rag_core.errors import WikiragError
 from rag_core.evaluate.gold_passages import GoldDiff, gold_diff, named_pages, page_texts
 from rag_core.evaluate.predictions import Evaluation
+from rag_core.index.version_names import version_created_at
 from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
 from rag_core.train.examples import Example
@@ -122,6 +123,19 @@ def compare_gold(store: Store, bound_index: str, new_index: str, examples: list[
     old, new = (page_texts(store, read_index_manifest(store, v).dump_id, pages, titles)
                 for v in (bound_index, new_index))
     return gold_diff(examples, old, new)
+
+
+def skip_reason(champion: Champion, new_index: str) -> str | None:
+    """Why ``champion`` is not evaluated at all, or None."""
+    if champion.index_version == new_index:
+        return f"already bound to {new_index}"
+    bound_at, new_at = version_created_at(champion.index_version), version_created_at(new_index)
+    if bound_at and new_at and new_at < bound_at:  # an event of an older build, delivered late: never move back
+        return f"bound to {champion.index_version}, newer than {new_index}; kept"
+    if champion.dev is None:
+        return f"no dev set recorded (no wikirag.dev tag on the run of v{champion.version}); kept on " \
+               f"{champion.index_version}: register it with wikirag finetune"
+    return None
 
 
 def score_of(evaluation: Evaluation, metric: str) -> tuple[str, float]:

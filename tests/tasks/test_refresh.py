@@ -15,7 +15,7 @@ from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance
 from tasks.adapters.mlflow_registry import CHAMPION, PREVIOUS_TAG, RollbackError, model_name, pin_name, rollback
-from tasks.refresh import decide
+from tasks.refresh import Champion, decide, skip_reason
 from tests.refreshfiles import NEW_FACT, TwoVersions, register_trained, two_versions
 
 
@@ -64,6 +64,17 @@ def test_the_tolerance_is_in_points_of_the_metric() -> None:
                                                                  "within 0 points: re-bound to b")
     ok, reason = decide("em", 0.0, 0.0, 1.0, "a", "b", 0)
     assert not ok and "no dev question" in reason
+
+
+def test_a_champion_is_never_moved_back_to_an_older_version_nor_evaluated_without_a_dev_set() -> None:
+    bound, older, newer = ("20261205T081656.901Z-8a78e82c", "20261105T081656.901Z-0a78e82c",
+                           "20270105T081656.901Z-1a78e82c")
+    champion = Champion(name="wikirag-cloze", version="3", task_kind="cloze", index_version=bound, store="s",
+                        metric="em", dev="dev.jsonl", max_examples=None)
+    assert skip_reason(champion, bound) == f"already bound to {bound}"
+    assert skip_reason(champion, older) == f"bound to {bound}, newer than {older}; kept"  # a late event
+    assert skip_reason(champion, newer) is None
+    assert "no dev set recorded" in skip_reason(champion.model_copy(update={"dev": None}), newer)
 
 
 def test_rollback_restores_the_previous_champion_and_refuses_when_its_index_is_no_longer_pinned(
