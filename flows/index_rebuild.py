@@ -17,10 +17,13 @@ from prefect import flow, unmapped
 from prefect.context import get_run_context
 from prefect_dask import DaskTaskRunner
 
+from flows.dump_mirror import mirror_dump
 from flows.ingest import ingest
+from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig, dump_id_of
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.wiki.dump_site import DumpSiteConfig
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
 from runtime.settings import Settings, StoreAccess, quiet_environment
@@ -32,6 +35,7 @@ from tasks.index import (
     summarize_index,
     unchanged_latest,
 )
+from tasks.index_events import announce_published
 from tasks.index_quality import enforce_index_gate, gate_embeddings, gate_index
 from tasks.leases import index_lease, protect_plan
 from tasks.shard_runs import wait_for_shards
@@ -92,18 +96,35 @@ def index_rebuild(
         gates = {**embed_gates, **index_gates}
         version = publish_index(target, plan, built, gates)
     summarize_index(plan, embedded, built, version, gates)
+    announce_published(version, target.url, plan.dump_id)
     return version
 
 
 @flow(name="index_rebuild-deployment", validate_parameters=True)
 def deployed_index_rebuild(
-    ingest_config: IngestConfig,
+    ingest_config: IngestConfig | None = None,
+    dump_site: DumpSiteConfig | None = None,
     embed: EmbedConfig = EmbedConfig(),  # noqa: B008
     index: IndexConfig = IndexConfig(),  # noqa: B008
     gate: GateConfig = GateConfig(),  # noqa: B008
-) -> str:
-    """The deployment's entry point: the worker's settings, read once, then ``index_rebuild`` on its Dask cluster."""
+) -> str | None:
+    """The deployment's entry point: the worker's settings, read once, then ``index_rebuild`` on its Dask cluster.
+
+    With ``dump_site``, the newest complete dated dump is first mirrored to the store and verified by its published
+    sha1 (the ``mirror_dump`` subflow), and the rebuild parses the mirror (``ingest_config`` gives the other ingest
+    settings); when the dump behind LATEST is still the newest, it returns None after one request to the site,
+    having parsed and embedded nothing.
+    """
     settings = Settings()
+    store = settings.store_access()
+    if dump_site is not None:
+        mirror = mirror_dump(site=dump_site, store=store)
+        if mirror is None:
+            return None
+        ingest_config = mirror.ingest_config(ingest_config)
+    if ingest_config is None:
+        raise WikiragError("index_rebuild-deployment: give dump_site (a dump site to mirror) or ingest_config "
+                           "(a dump to parse)")
     runner = dask_runner(settings.dask_address, settings.workers)
-    return index_rebuild.with_options(task_runner=runner)(ingest_config=ingest_config, store=settings.store_access(),
-                                                          embed=embed, index=index, gate=gate)
+    return index_rebuild.with_options(task_runner=runner)(ingest_config=ingest_config, store=store, embed=embed,
+                                                          index=index, gate=gate)
