@@ -10,9 +10,12 @@ baseline. Provenance lists the retrieved passages in the model's order of p(z|x)
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from typing import Any
 
+from cli.options import add_store, config_option
+from rag_core.train.recipe import TrainConfig
 from runtime.settings import Settings
 
 
@@ -64,17 +67,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask = sub.add_parser("ask", help="answer questions from the index with the default generator (zero-shot)")
     ask.add_argument("question", nargs="*", help="questions, one per argument")
     ask.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
-    ask.add_argument("--store", help="store URL (default <home>/store)")
+    add_store(ask)
     ask.add_argument("--model", metavar="URI", help="a registered model, e.g. models:/wikirag-nq@champion (MLflow at "
                      "MLFLOW_TRACKING_URI, else the workspace's); its index binding unless --index is given")
     ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST, or the model's own)")
     ask.add_argument("--generator", metavar="DIR", help="local generator folder, seq2seq or decoder-only "
                      "(default: the one `wikirag models fetch` installs)")
-    ask.add_argument("--kind", choices=["sequence", "token"], default="sequence",
-                     help="RAG-Sequence (default) or RAG-Token marginalisation")
-    ask.add_argument("--n-docs", type=int, default=5, help="passages per question (default 5)")
-    ask.add_argument("--dtype", choices=["float32", "auto", "bfloat16"], default="float32",
-                     help="generator weights (default float32; auto = bf16 where the CPU has it natively: faster, "
+    config_option(ask, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token marginalisation (default {default})",
+                  keep_default=True)
+    config_option(ask, "--n-docs", TrainConfig, "n_docs", "passages per question (default {default})",
+                  keep_default=True)
+    dtype = inspect.signature(load_model).parameters["dtype"].default
+    ask.add_argument("--dtype", choices=["float32", "auto", "bfloat16"], default=dtype,
+                     help=f"generator weights (default {dtype}; auto = bf16 where the CPU has it natively: faster, "
                      "but some answers change)")
     ask.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval (the baseline)")
     ask.add_argument("--json", action="store_true", help="one JSON line per question, in input order: "

@@ -15,7 +15,7 @@ log = logging.getLogger("wikirag")
 
 
 def site_config(args: argparse.Namespace) -> DumpSiteConfig:
-    from cli.wikirag import given
+    from cli.options import given
 
     fields = given(args, site="site", wiki="wiki", connections="connections")
     if getattr(args, "piece_mib", None) is not None:
@@ -55,7 +55,7 @@ def cmd_mirror(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from cli.wikirag import add_store, default
+    from cli.options import add_store, default
 
     p = sub.add_parser("dumps", help="dated Wikipedia dumps: check the dump site for a newer complete one, mirror "
                        "it to the store (sha1-verified) for ingest to parse")

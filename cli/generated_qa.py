@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from cli.options import add_store, config_option, given
+from rag_core.train.generated_qa import GeneratedQAConfig
 from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")
@@ -13,9 +15,7 @@ log = logging.getLogger("wikirag")
 def cmd_generated_qa(args: argparse.Namespace, settings: Settings) -> int:
     from cli.flow_runs import import_flow, quiet_expected_tracebacks
     from runtime.prefect_server import prefect_api
-    from rag_core.train.generated_qa import GeneratedQAConfig
-
-    config = GeneratedQAConfig(**{k: v for k, v in (("shards", args.shards), ("top_k", args.top_k)) if v is not None})
+    config = GeneratedQAConfig(**given(args, shards="shards", top_k="top_k"))
     if args.reader:
         config = config.model_copy(update={"reader": "generator", "generator": args.reader})
     held_out_files = [*args.dev, *args.test]
@@ -37,10 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dev", action="append", default=[], metavar="FILE", help="dev questions no pair may repeat "
                    "(JSON lines or array with a question field, or CuratedTrec tsv); repeatable")
     p.add_argument("--test", action="append", default=[], metavar="FILE", help="test questions, as --dev")
-    p.add_argument("--shards", type=int, help="passage shards mapped on Dask (default 4)")
-    p.add_argument("--top-k", type=int, help="round trip: a question must retrieve its passage in the top k "
-                   "(default 5)")
+    config_option(p, "--shards", GeneratedQAConfig, "shards", "passage shards mapped on Dask (default {default})")
+    config_option(p, "--top-k", GeneratedQAConfig, "top_k", "round trip: a question must retrieve its passage in "
+                  "the top k (default {default})")
     p.add_argument("--reader", metavar="DIR", help="round trip: also ask the decoder-only generator in DIR to "
                    "answer each question from its best passage (off by default: CPU generation is slow)")
-    p.add_argument("--store", help="store URL (default <home>/store)")
+    add_store(p)
     p.set_defaults(func=cmd_generated_qa)

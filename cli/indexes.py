@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cli.options import add_store, default
 from rag_core.errors import WikiragError
 from rag_core.index.retention import MIN_AGE_HOURS, CleanupConfig, Removed
 from runtime.settings import Settings
@@ -148,7 +149,7 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def add_indexes(sub: Any, add_store: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``indexes`` command and its actions (``indexes`` alone lists)."""
     p = sub.add_parser("indexes", help="index versions: list (* = LATEST), show, verify, pin, unpin, delete, gc")
     add_store(p)

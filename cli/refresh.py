@@ -15,13 +15,15 @@ log = logging.getLogger("wikirag")
 def cmd_refresh(args: argparse.Namespace, settings: Settings) -> int:
     """One line per champion (or one JSON object with --json): re-bound or kept, and why."""
     from cli.flow_runs import import_flow, quiet_expected_tracebacks
+    from cli.options import given
     from runtime.prefect_server import prefect_api
 
     with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.refresh")):
         from flows.refresh import refresh
 
         quiet_expected_tracebacks()
-        decisions = refresh(settings.tracking_uri, settings.store_access(), args.model, args.tolerance, args.index)
+        decisions = refresh(settings.tracking_uri, settings.store_access(), args.model,
+                            index_version=args.index, **given(args, tolerance="tolerance"))
     if not decisions:
         log.info("no registered wikirag model has a champion in MLflow at %s; nothing to refresh",
                  settings.tracking_uri)
@@ -55,15 +57,16 @@ def add_rollback_parser(actions: argparse._SubParsersAction) -> None:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``wikirag refresh [--model NAME] [--tolerance X] [--index VERSION]``."""
-    from cli.wikirag import add_store
-    from tasks.refresh import TOLERANCE_POINTS
+    from cli.options import add_store
 
     p = sub.add_parser("refresh", help="evaluate every registered champion against the newest index (no retraining) "
                        "and re-bind each whose dev metric holds within the tolerance; MLflow records both")
     p.add_argument("--model", help="only this registered model, e.g. wikirag-nq (default: every wikirag-* champion)")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE_POINTS,
+    # tasks.refresh imports MLflow and Prefect, which must not load before the command settles Prefect's settings:
+    # the flow's own default applies when the flag is not given.
+    p.add_argument("--tolerance", type=float,
                    help="points (hundredths) of its own dev metric a champion may lose on the new index and still "
-                        f"be re-bound (default {TOLERANCE_POINTS:g})")
+                        "be re-bound (default: tasks/refresh.py's TOLERANCE_POINTS, 1 point)")
     p.add_argument("--index", help="index version to refresh onto (default: the one LATEST names)")
     p.add_argument("--json", action="store_true", help="one JSON object per champion instead of the line")
     add_store(p)

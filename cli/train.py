@@ -6,8 +6,10 @@ import argparse
 import json
 import logging
 
+from cli.options import add_nproc, add_store, config_option
 from rag_core.errors import WikiragError
 from rag_core.train.loaders import TASK_KINDS
+from rag_core.train.recipe import TrainConfig
 from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")
@@ -50,7 +52,6 @@ def check_memory(request: dict, args: argparse.Namespace, settings: Settings) ->
     (rag_core.train.memory_plan); a store without a published index is left to the flow to report."""
     from rag_core.index.versions import read_index_manifest
     from rag_core.train.memory_plan import check_training_memory
-    from rag_core.train.recipe import TrainConfig
 
     try:
         manifest = read_index_manifest(settings.open_store(), args.index)
@@ -90,17 +91,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       "questions made from the index's own passages when --train is not given)")
     tune.add_argument("--train", help="train file (path or URL) in the task's original format")
     tune.add_argument("--dev", help="dev file (path or URL) in the task's original format")
-    tune.add_argument("--kind", choices=["sequence", "token"], help="RAG-Sequence (default) or RAG-Token")
+    config_option(tune, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token (default {default})")
     tune.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: the "
                       "one `wikirag models fetch` installs)")
     tune.add_argument("--index", metavar="VERSION", help="index version to train against (default: LATEST)")
-    tune.add_argument("--nproc", type=int, default=2, help="DDP processes (torchrun --nproc-per-node; default 2)")
-    tune.add_argument("--max-steps", type=int, help="optimizer steps (default: the recipe's 100)")
-    tune.add_argument("--batch-size", type=int, help="global batch, all processes together (default 8)")
-    tune.add_argument("--lr", type=float, help="peak learning rate (default 3e-5, the paper's)")
-    tune.add_argument("--n-docs", type=int, help="passages per question (default 5)")
-    tune.add_argument("--train-layers", type=int, metavar="N", help="train only the generator's last N decoder "
-                      "blocks, freezing the rest (cheaper steps; default: every parameter)")
+    add_nproc(tune, "DDP processes (torchrun --nproc-per-node; default {default})")
+    config_option(tune, "--max-steps", TrainConfig, "max_steps", "optimizer steps (default {default}, the recipe's)")
+    config_option(tune, "--batch-size", TrainConfig, "batch_size", "global batch, all processes together "
+                  "(default {default})")
+    config_option(tune, "--lr", TrainConfig, "lr", "peak learning rate (default {default:g}, the paper's)")
+    config_option(tune, "--n-docs", TrainConfig, "n_docs", "passages per question (default {default})")
+    config_option(tune, "--train-layers", TrainConfig, "train_generator_layers", "train only the generator's last N "
+                  "decoder blocks, freezing the rest (cheaper steps; default: every parameter)", metavar="N")
     tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated, before and after "
                       "training and in the recipe's dev loss (default 64)")
     tune.add_argument("--decoding", choices=["fast", "thorough"], default="fast", help="RAG-Sequence decoding in "
@@ -112,7 +114,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       "this much (default 0)")
     tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "
                       "from the same recipe, data and index (by default it is reused)")
-    tune.add_argument("--store", help="store URL (default <home>/store)")
+    add_store(tune)
     tune.set_defaults(func=cmd_finetune)
 
     evaluate = sub.add_parser("evaluate", help="a registered model on a task's dev set (any index version: the "
@@ -123,5 +125,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "held-out questions of the passages the model was trained on)")
     evaluate.add_argument("--index", help="index version to retrieve from (default: the one the model is bound to)")
     evaluate.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval")
-    evaluate.add_argument("--store", help="store URL (default <home>/store)")
+    add_store(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from cli.flow_runs import import_flow, quiet_expected_tracebacks
-from cli.indexes import add_indexes
+from cli.options import add_engine, add_nproc, add_store, default, given
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
@@ -41,16 +41,6 @@ from runtime.settings import Settings, quiet_environment
 from tasks.adapters.index_queries import MAX_K, SearchConfig
 
 log = logging.getLogger("wikirag")
-
-
-def default(model: type[BaseModel], name: str) -> Any:
-    """The default of a config field: the one place each default lives."""
-    return model.model_fields[name].get_default(call_default_factory=True)
-
-
-def given(args: argparse.Namespace, **fields: str) -> dict[str, Any]:
-    """``{field: value}`` of the flags (``field=dest``) the user gave; the others keep their config defaults."""
-    return {name: getattr(args, dest) for name, dest in fields.items() if getattr(args, dest, None) is not None}
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -329,18 +319,6 @@ def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # -- the parser ----------------------------------------------------------------------------
-def add_engine(p: argparse.ArgumentParser) -> None:
-    """--store, --dask-address, --workers: where data lives and which Dask cluster works on it."""
-    add_store(p)
-    p.add_argument("--dask-address", help="scheduler of an existing Dask cluster (default: a local cluster)")
-    p.add_argument("--workers", type=int, help="workers of the local Dask cluster (default: one per core, "
-                   f"{default(Settings, 'workers')} here)")
-
-
-def add_store(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", help="store URL: a path, file://..., or s3://bucket/prefix (default <home>/store)")
-
-
 def add_ingest(sub: Any) -> None:
     p = sub.add_parser("ingest", help="a Wikipedia dump to 100-word passages on the store")
     p.add_argument("dump", help="dump path or URL (.xml, .xml.bz2, multistream .xml.bz2; file://, s3://, https://)")
@@ -412,6 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs and full tracebacks")
     parser.add_argument("--home", help=f"workspace directory (default $WIKIRAG_HOME or {default(Settings, 'home')})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parser(sub)
+    from cli import ask, dumps, generated_qa, indexes, models, refresh, services, train
+
+    for module in (indexes, ask, generated_qa, train, models, refresh, dumps, services):
+        module.add_parser(sub)
+    return parser
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """This module's commands: run, ingest, index-rebuild, search, data, server, passages."""
 
     run = sub.add_parser("run", help="the main job on the embedded defaults: the real sample dump to an index, "
                          "question-answer pairs generated from it, a fine-tuned wikirag-qa model gated on real "
@@ -421,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--train-layers", type=train_layers, metavar="N|all", help="generator decoder blocks the "
                      "fine-tune trains, the last ones, or all of them (default 15 of SmolLM2's 30: about 2/3 of "
                      "the step time of all)")
-    run.add_argument("--nproc", type=int, default=2, help="DDP processes for fine-tuning (default 2)")
+    add_nproc(run, "DDP processes for fine-tuning (default {default})")
     run.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: "
                      "SmolLM2-135M-Instruct, fetched once by `wikirag models fetch`)")
     run.add_argument("--dump", metavar="PATH", help="a Wikipedia dump (path or URL, as `ingest` takes) to run on "
@@ -434,7 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_ingest(sub)
     add_index_rebuild(sub)
     add_search(sub)
-    add_indexes(sub, add_store)
 
     data = sub.add_parser("data", help="sample data")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="WHAT")
@@ -452,13 +439,6 @@ def build_parser() -> argparse.ArgumentParser:
     passages = sub.add_parser("passages", help="list the published passage sets of a store")
     add_store(passages)
     passages.set_defaults(func=cmd_passages)
-
-    from cli import ask, dumps, generated_qa, models, refresh, train
-    from runtime import services
-
-    for module in (ask, generated_qa, train, models, refresh, dumps, services):  # each group registers its subcommands
-        module.add_parser(sub)
-    return parser
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

@@ -297,40 +297,8 @@ def status(home: Path) -> list[dict]:
     return rows
 
 
-# -- the command ------------------------------------------------------------------------------
-def add_parser(sub) -> None:
-    """Register ``wikirag services`` on the CLI's subparsers."""
-    defaults = ServicePorts.model_fields
-    p = sub.add_parser(
-        "services", help="start/stop the real engines on 127.0.0.1 (S3, MLflow, Prefect + worker, Dask)",
-        description=__doc__.split("\n\n")[0] + " Ports: " + ", ".join(
-            f"WIKIRAG_{k.upper()} (default {v.default})" for k, v in defaults.items()) + ".")
-    p.add_argument("action", choices=["up", "down", "status", "env"],
-                   help="up: start what is not running; down: stop them; status: what runs where; "
-                        "env: the exports that point wikirag commands at them")
-    p.set_defaults(func=cmd_services)
-
-
-def cmd_services(args, settings) -> int:
-    home = settings.home
-    ports = ServicePorts()
-    if args.action == "up":
-        repo = Path(__file__).resolve().parents[1]
-        up(home, ports, ServiceCredentials.from_environment(), repo)
-        print(_export_lines(ports, home))
-        log.info("services of %s are up; `eval \"$(wikirag services env)\"` points commands at them", home)
-    elif args.action == "down":
-        if not down(home):
-            log.info("no service of %s was running", home)
-    elif args.action == "env":
-        print(_export_lines(ports, home))
-    else:
-        for row in status(home):
-            print("\t".join(str(row.get(k, "")) for k in ("name", "state", "pid", "url", "log")))
-    return 0
-
-
-def _export_lines(ports: ServicePorts, home: Path) -> str:
+def export_lines(ports: ServicePorts, home: Path) -> str:
+    """The shell exports that point clients at the services (``wikirag services env``, ``python -m runtime.services env``)."""
     return "\n".join(f"export {k}={v}" for k, v in client_exports(ports, home).items())
 
 
@@ -398,7 +366,7 @@ def _main(argv: list[str]) -> None:
         else:
             sys.exit(0 if answers(service.health, getattr(ServicePorts(), service.health.port)) else 1)
     elif command == "env" and not args:
-        print("\n".join(f"export {k}={v}" for k, v in client_exports(ServicePorts(), home).items()))
+        print(export_lines(ServicePorts(), home))
     elif command == "buckets" and not args:
         store_identities = ServiceCredentials.from_environment(ServiceCredentials.NAMES[:4])
         create_buckets(os.environ["AWS_ENDPOINT_URL"], store_identities)
