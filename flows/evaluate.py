@@ -12,6 +12,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from rag_core.train.cloze import ClozeConfig
+from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.adapters.mlflow_tracking import close_run, open_run
 from tasks.dataset_quality import gate_predictions
@@ -70,5 +71,6 @@ def deployed_evaluate(model_uri: str, task_kind: str, dev: str | None = None, in
                       closed_book: bool = False) -> dict[str, float]:
     """The deployment's entry point: the worker's settings (MLflow, store), read once."""
     settings = Settings()
+    start_process(settings)  # the deployment's process: the same switches as a command's
     return evaluate_registered(model_uri, task_kind, dev, settings.tracking_uri, settings.store_access(),
                                index_version, closed_book)

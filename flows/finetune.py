@@ -27,6 +27,7 @@ from rag_core.index.versions import read_index_manifest
 from rag_core.train.cloze import ClozeConfig
 from rag_core.train.memory_plan import check_training_memory
 from rag_core.train.recipe import TrainConfig, trajectory_key
+from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.adapters.mlflow_registry import log_rag_model, register
 from tasks.adapters.mlflow_tracking import close_run, open_run
@@ -202,6 +203,7 @@ def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None
                       margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
     """The deployment's entry point: the worker's settings (store, MLflow), read once."""
     settings = Settings()
+    start_process(settings)  # the deployment's process: the same switches as a command's
     from runtime.default_generator import resolve_generator
 
     generator = str(resolve_generator(settings.home, None)) if any("generator" not in r.recipe for r in requests) else None

@@ -26,6 +26,7 @@ from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.dump_site import DumpSiteConfig
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
+from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.index import (
     build_index_shard,
@@ -116,6 +117,7 @@ def deployed_index_rebuild(
     having parsed and embedded nothing.
     """
     settings = Settings()
+    start_process(settings)  # the deployment's process: the same switches as a command's
     store = settings.store_access()
     if dump_site is not None:
         mirror = mirror_dump(site=dump_site, store=store)

@@ -15,6 +15,7 @@ from prefect import flow, unmapped
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
+from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.ingest import (
     already_published,
@@ -74,5 +75,6 @@ def ingest(config: IngestConfig, store: StoreAccess) -> str:
 def deployed_ingest(config: IngestConfig) -> str:
     """The deployment's entry point: the worker's settings, read once, then ``ingest`` on its Dask cluster."""
     settings = Settings()
+    start_process(settings)  # the deployment's process: the same switches as a command's
     runner = dask_runner(settings.dask_address, settings.workers)
     return ingest.with_options(task_runner=runner)(config=config, store=settings.store_access())

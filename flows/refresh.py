@@ -16,6 +16,7 @@ from prefect import flow, task
 from flows.evaluate import finish_run, load_model
 from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import latest_version
+from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.adapters.mlflow_tracking import MlflowRunLogger, open_run
 from tasks.dataset_quality import gate_predictions
@@ -117,4 +118,5 @@ def deployed_refresh(model: str | None = None, tolerance: float = TOLERANCE_POIN
                      index_version: str | None = None) -> list[RefreshDecision]:
     """The deployment's entry point (triggered by ``wikirag.index.published``): the worker's settings, read once."""
     settings = Settings()
+    start_process(settings)  # the deployment's process: the same switches as a command's
     return refresh(settings.tracking_uri, settings.store_access(), model, tolerance, index_version)
