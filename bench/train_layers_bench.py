@@ -51,7 +51,7 @@ def start_one_thread() -> RunInfo:
 def main_job_inputs(root: Path, args):
     """The store, cloze task, generator description and the main job's fine-tune as one process's TrainConfig
     (``args.steps`` steps, 1 thread, no checkpoints); ``args``: :func:`add_input_arguments`' flags and ``steps``."""
-    from flows.pipeline import ShortRun
+    from rag_core.train.jobs import ShortRun
     from rag_core.index.encoders import default_encoder_config
     from rag_core.train.recipe import TrainConfig
 
@@ -85,7 +85,7 @@ def main() -> int:
     add_run_arguments(parser, steps=3)
     args = parser.parse_args()
     info = start_one_thread()
-    from flows.pipeline import ShortRun
+    from rag_core.train.jobs import ShortRun
 
     short = ShortRun()
     args.layers = args.layers or short.train_layers

@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rag_core.train.jobs import Launch
+
 from runtime.settings import Settings
 
 
@@ -62,8 +64,8 @@ def add_engine(p: argparse.ArgumentParser) -> None:
                    f"{default(Settings, 'workers')} here)")
 
 
-# The flows take nproc as a plain parameter (flows/finetune.py, flows/pipeline.py): the CLI's one definition of it.
-DDP_PROCESSES = 2
+# The flows' nproc default too (flows/finetune.py, flows/pipeline.py): rag_core.train.jobs.Launch.nproc.
+DDP_PROCESSES = default(Launch, "nproc")
 
 
 def add_nproc(p: argparse.ArgumentParser, help: str) -> None:

@@ -8,6 +8,7 @@ import logging
 
 from cli.options import add_nproc, add_store, config_option
 from rag_core.errors import WikiragError
+from rag_core.train.jobs import FinetuneRequest
 from rag_core.train.loaders import TASK_KINDS
 from rag_core.train.recipe import TrainConfig
 from runtime.settings import Settings
@@ -103,13 +104,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     config_option(tune, "--n-docs", TrainConfig, "n_docs", "passages per question (default {default})")
     config_option(tune, "--train-layers", TrainConfig, "train_generator_layers", "train only the generator's last N "
                   "decoder blocks, freezing the rest (cheaper steps; default: every parameter)", metavar="N")
-    tune.add_argument("--eval-examples", type=int, default=64, help="dev examples evaluated, before and after "
-                      "training and in the recipe's dev loss (default 64)")
-    tune.add_argument("--decoding", choices=["fast", "thorough"], default="fast", help="RAG-Sequence decoding in "
-                      "evaluation, as the main job's (default fast: the paper's Fast Decoding; thorough scores every "
-                      "candidate against every passage, several times slower)")
-    tune.add_argument("--eval-precision", choices=["auto", "float32", "bfloat16"], default="auto", help="evaluation "
-                      "arithmetic (default auto: bf16 autocast where native, as the main job)")
+    config_option(tune, "--eval-examples", FinetuneRequest, "eval_examples", "dev examples evaluated, before and "
+                  "after training and in the recipe's dev loss (default {default})", keep_default=True)
+    config_option(tune, "--decoding", FinetuneRequest, "decoding", "RAG-Sequence decoding in evaluation, as the main "
+                  "job's (default {default}; fast: the paper's Fast Decoding; thorough scores every candidate against "
+                  "every passage, several times slower)", keep_default=True)
+    config_option(tune, "--eval-precision", FinetuneRequest, "eval_precision", "evaluation arithmetic (default "
+                  "{default}; auto: bf16 autocast where native, as the main job)", keep_default=True)
     tune.add_argument("--margin", type=float, default=0.0, help="promotion gate: beat the champion's dev metric by "
                       "this much (default 0)")
     tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "

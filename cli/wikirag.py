@@ -27,13 +27,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from cli.flow_runs import import_flow, quiet_expected_tracebacks
-from cli.options import add_engine, add_nproc, add_store, default, given
+from cli.options import add_engine, add_nproc, add_store, config_option, default, given
 from rag_core.errors import WikiragError
 from rag_core.index.build import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.manifest import describe_errors
+from rag_core.train.jobs import ShortRun
 from rag_core.wiki.ingest import IngestConfig
 from runtime import stop_signals
 from runtime.process_tuning import end_command, start_process
@@ -252,7 +253,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
              "ask": 'wikirag ask "your question" (zero-shot RAG); with --model models:/wikirag-qa@champion '
                     "once a fine-tune has been promoted"}
     with prefect_api(settings.prefect_home, meanwhile=fetch_inputs):
-        from flows.pipeline import ShortRun, pipeline
+        from flows.pipeline import pipeline
 
         if not log.isEnabledFor(logging.DEBUG):
             quiet_expected_tracebacks()
@@ -405,10 +406,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "question-answer pairs generated from it, a fine-tuned wikirag-qa model gated on real "
                          "held-out questions, and its answers (fetches the sample and the generator)")
     add_engine(run)
-    run.add_argument("--max-steps", type=int, help="fine-tuning steps (default 24: minutes on 2 cores)")
-    run.add_argument("--train-layers", type=train_layers, metavar="N|all", help="generator decoder blocks the "
-                     "fine-tune trains, the last ones, or all of them (default 15 of SmolLM2's 30: about 2/3 of "
-                     "the step time of all)")
+    config_option(run, "--max-steps", ShortRun, "max_steps", "fine-tuning steps (default {default}: minutes on 2 "
+                  "cores)")
+    config_option(run, "--train-layers", ShortRun, "train_layers", "generator decoder blocks the fine-tune trains, "
+                  "the last ones, or all of them (default {default} of SmolLM2's 30: about 2/3 of the step time of "
+                  "all)", type=train_layers, metavar="N|all")
     add_nproc(run, "DDP processes for fine-tuning (default {default})")
     run.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: "
                      "SmolLM2-135M-Instruct, fetched once by `wikirag models fetch`)")

@@ -15,16 +15,16 @@ the worker's settings once.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from mlflow import MlflowClient
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from flows.generated_qa import generated_qa_files
 from rag_core.index.versions import read_index_manifest
-from rag_core.train.cloze import ClozeConfig
+from rag_core.train.jobs import DDP_PROCESSES, FinetuneRequest
 from rag_core.train.memory_plan import check_training_memory
 from rag_core.train.recipe import TrainConfig, trajectory_key
 from runtime.process_tuning import start_process
@@ -47,25 +47,6 @@ from tasks.finetune import (
 )
 
 quiet_environment()
-
-
-class FinetuneRequest(BaseModel):
-    """One task to fine-tune on: its files, and any recipe setting (TrainConfig's fields) to change."""
-
-    task: str = Field(description="task kind: nq, triviaqa, webquestions, curatedtrec, msmarco, jeopardy, fever3, "
-                                  "fever2, kilt, cloze")
-    train: str | None = Field(None, description="train file (path or URL, the task's original format); None with "
-                                                "cloze: questions drawn from the index's own passages")
-    dev: str | None = Field(None, description="dev file; None with cloze: held-out articles' questions")
-    recipe: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields, e.g. {\"max_steps\": 50, "
-                                                                     "\"kind\": \"token\", \"generator\": DIR}")
-    cloze: ClozeConfig = Field(default_factory=ClozeConfig, description="how cloze questions are drawn")
-    eval_examples: int = Field(64, ge=1, description="dev examples evaluated (the first N)")
-    max_new_tokens: int = Field(32, ge=1, description="answer tokens generated in evaluation")
-    decoding: Literal["thorough", "fast"] = Field("fast", description="RAG-Sequence decoding in evaluation "
-                                                                     "(fast: the paper's Fast Decoding)")
-    eval_precision: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="evaluation arithmetic; auto = bf16 autocast where native (~3x faster on AMX)")
 
 
 class FinetuneOutcome(BaseModel):
@@ -114,7 +95,7 @@ def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAcces
 
 @flow(name="finetune-task", validate_parameters=True)
 def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: str, index_version: str,
-                  nproc: int = 2, margin: float = 0.0, output: str | None = None,
+                  nproc: int = DDP_PROCESSES, margin: float = 0.0, output: str | None = None,
                   force: bool = False, dask_address: str | None = None) -> FinetuneOutcome:
     """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring).
 
@@ -183,7 +164,7 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
 
 @flow(name="finetune", validate_parameters=True)
 def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: str, index_version: str | None = None,
-             nproc: int = 2, margin: float = 0.0, force: bool = False,
+             nproc: int = DDP_PROCESSES, margin: float = 0.0, force: bool = False,
              dask_address: str | None = None) -> list[FinetuneOutcome]:
     """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default).
 
@@ -199,7 +180,7 @@ def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: 
 
 
 @flow(name="finetune-deployment", validate_parameters=True)
-def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None = None, nproc: int = 2,
+def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None = None, nproc: int = DDP_PROCESSES,
                       margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
     """The deployment's entry point: the worker's settings (store, MLflow), read once."""
     settings = Settings()

@@ -19,14 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, task
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from flows.finetune import FinetuneOutcome, FinetuneRequest, finetune
+from flows.finetune import FinetuneOutcome, finetune
 from flows.generated_qa import generated_qa
 from flows.index_rebuild import index_rebuild
 from rag_core.index.build import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.train.jobs import DDP_PROCESSES, FinetuneRequest, ShortRun
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
 from runtime.settings import StoreAccess, quiet_environment
@@ -38,27 +39,6 @@ quiet_environment()
 EMBED = EmbedConfig()  # the main job's embedding settings (`wikirag run` loads this encoder while its server boots)
 SAMPLE_QUESTIONS = ("Who was the teacher of Alexander the Great?", "What is the capital of Algeria?",
                     "Which planet did Galileo observe moons around?")
-
-
-class ShortRun(BaseModel):
-    """The main job's fine-tune: short enough for 2 CPU cores, long enough to beat its zero-shot start."""
-
-    max_steps: int = Field(24, ge=1, description="optimizer steps")
-    batch_size: int = Field(4, ge=1, description="global batch (all processes)")
-    lr: float = Field(2e-4, gt=0, description="a short run needs a larger rate than the paper's 3e-5")
-    n_docs: int = Field(2, ge=1, description="passages per question")
-    max_context_length: int = Field(160, ge=8, description="generator input tokens per passage (seq2seq; "
-                                                              "a decoder-only prompt holds the whole passage)")
-    # Half of SmolLM2-135M's 30 blocks: on the sample, dev loss 19.5 -> 11.1 in 24 steps (all blocks: 10.4, the
-    # last 10: 13.4) at about 2/3 of the step time (bench/train_layers_bench.py)
-    train_layers: int | None = Field(15, ge=1, description="generator decoder blocks trained (the last ones); "
-                                                           "None = every parameter")
-    eval_examples: int = Field(8, ge=1, description="generated dev questions evaluated, zero-shot and fine-tuned "
-                                                    "(the fine-tune's own gate; the real questions gate wikirag-qa)")
-    # Each is answered three times (zero-shot, fine-tuned, closed-book): 40 of the sample's 70 keeps the gate
-    # to about a third of the main job on 2 cores
-    gate_questions: int = Field(40, ge=1, description="held-out real test questions the wikirag-qa gate scores")
-    max_new_tokens: int = Field(12, ge=1, description="answer tokens generated in evaluation (short answers)")
 
 
 class PipelineSummary(BaseModel):
@@ -91,7 +71,7 @@ def zero_shot_model(store: StoreAccess, version: str, generator: str, n_docs: in
 @flow(name="pipeline", validate_parameters=True)
 def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, report_dir: str,
              run: ShortRun = ShortRun(),  # noqa: B008 - pydantic defaults are immutable values here
-             tasks: list[FinetuneRequest] | None = None, nproc: int = 2, questions: list[str] | None = None,
+             tasks: list[FinetuneRequest] | None = None, nproc: int = DDP_PROCESSES, questions: list[str] | None = None,
              public_questions: str | None = None, dask_address: str | None = None, workers: int | None = None,
              where: dict[str, str] | None = None) -> PipelineSummary:
     """The main job (module docstring); ``tasks``: more task files to fine-tune on besides generated QA;

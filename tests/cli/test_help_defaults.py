@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from cli.options import default
 from cli.wikirag import build_parser
-from flows.finetune import FinetuneRequest
-from flows.pipeline import ShortRun
+from rag_core.train.jobs import FinetuneRequest
+from rag_core.train.jobs import ShortRun
 from rag_core.index.build import GateConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig

@@ -111,7 +111,7 @@ def test_store_access_keeps_credentials_out_of_what_is_recorded(monkeypatch: pyt
 
 def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) -> None:
     from cli.wikirag import short_run_fields
-    from flows.pipeline import ShortRun
+    from rag_core.train.jobs import ShortRun
 
     parse = build_parser().parse_args
     assert short_run_fields(parse(["run"])) == {}  # ShortRun's own defaults

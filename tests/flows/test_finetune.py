@@ -100,6 +100,6 @@ def test_every_evaluation_of_finetune_is_bounded_by_eval_examples(tmp_path: Path
     request = finetune_request(args, Settings(home=tmp_path / "home"))
     assert request["eval_examples"] == 4 and request["recipe"]["max_dev_examples"] == 4
     assert request["decoding"] == "fast" and request["eval_precision"] == "auto"  # as the main job evaluates
-    from flows.finetune import FinetuneRequest
+    from rag_core.train.jobs import FinetuneRequest
 
     assert FinetuneRequest.model_validate(request).eval_examples == 4  # the flow takes the request as built

@@ -1,0 +1,63 @@
+"""The settings of a fine-tuning job as a launcher sees them: what to train on, how to evaluate, how many processes.
+
+These are the ``finetune`` and ``pipeline`` flows' parameters and the CLI's defaults; they live here, below Prefect
+and MLflow, so that building the command line reads them without importing either.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from rag_core.train.cloze import ClozeConfig
+
+
+class Launch(BaseModel):
+    """How a fine-tune is launched."""
+
+    nproc: int = Field(2, ge=1, description="DDP processes on this node (torchrun --nproc-per-node)")
+
+
+DDP_PROCESSES = Launch().nproc
+
+
+class FinetuneRequest(BaseModel):
+    """One task to fine-tune on: its files, and any recipe setting (TrainConfig's fields) to change."""
+
+    task: str = Field(description="task kind: nq, triviaqa, webquestions, curatedtrec, msmarco, jeopardy, fever3, "
+                                  "fever2, kilt, cloze")
+    train: str | None = Field(None, description="train file (path or URL, the task's original format); None with "
+                                                "cloze: questions drawn from the index's own passages")
+    dev: str | None = Field(None, description="dev file; None with cloze: held-out articles' questions")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields, e.g. {\"max_steps\": 50, "
+                                                                     "\"kind\": \"token\", \"generator\": DIR}")
+    cloze: ClozeConfig = Field(default_factory=ClozeConfig, description="how cloze questions are drawn")
+    eval_examples: int = Field(64, ge=1, description="dev examples evaluated (the first N)")
+    max_new_tokens: int = Field(32, ge=1, description="answer tokens generated in evaluation")
+    decoding: Literal["thorough", "fast"] = Field("fast", description="RAG-Sequence decoding in evaluation "
+                                                                     "(fast: the paper's Fast Decoding)")
+    eval_precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="evaluation arithmetic; auto = bf16 autocast where native (~3x faster on AMX)")
+
+
+
+class ShortRun(BaseModel):
+    """The main job's fine-tune: short enough for 2 CPU cores, long enough to beat its zero-shot start."""
+
+    max_steps: int = Field(24, ge=1, description="optimizer steps")
+    batch_size: int = Field(4, ge=1, description="global batch (all processes)")
+    lr: float = Field(2e-4, gt=0, description="a short run needs a larger rate than the paper's 3e-5")
+    n_docs: int = Field(2, ge=1, description="passages per question")
+    max_context_length: int = Field(160, ge=8, description="generator input tokens per passage (seq2seq; "
+                                                              "a decoder-only prompt holds the whole passage)")
+    # Half of SmolLM2-135M's 30 blocks: on the sample, dev loss 19.5 -> 11.1 in 24 steps (all blocks: 10.4, the
+    # last 10: 13.4) at about 2/3 of the step time (bench/train_layers_bench.py)
+    train_layers: int | None = Field(15, ge=1, description="generator decoder blocks trained (the last ones); "
+                                                           "None = every parameter")
+    eval_examples: int = Field(8, ge=1, description="generated dev questions evaluated, zero-shot and fine-tuned "
+                                                    "(the fine-tune's own gate; the real questions gate wikirag-qa)")
+    # Each is answered three times (zero-shot, fine-tuned, closed-book): 40 of the sample's 70 keeps the gate
+    # to about a third of the main job on 2 cores
+    gate_questions: int = Field(40, ge=1, description="held-out real test questions the wikirag-qa gate scores")
+    max_new_tokens: int = Field(12, ge=1, description="answer tokens generated in evaluation (short answers)")
