@@ -57,16 +57,14 @@ def add_rollback_parser(actions: argparse._SubParsersAction) -> None:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``wikirag refresh [--model NAME] [--tolerance X] [--index VERSION]``."""
-    from cli.options import add_store
+    from cli.options import add_store, config_option
+    from rag_core.evaluate.refresh_policy import RefreshPolicy
 
     p = sub.add_parser("refresh", help="evaluate every registered champion against the newest index (no retraining) "
                        "and re-bind each whose dev metric holds within the tolerance; MLflow records both")
     p.add_argument("--model", help="only this registered model, e.g. wikirag-nq (default: every wikirag-* champion)")
-    # tasks.refresh imports MLflow and Prefect, which must not load before the command settles Prefect's settings:
-    # the flow's own default applies when the flag is not given.
-    p.add_argument("--tolerance", type=float,
-                   help="points (hundredths) of its own dev metric a champion may lose on the new index and still "
-                        "be re-bound (default: tasks/refresh.py's TOLERANCE_POINTS, 1 point)")
+    config_option(p, "--tolerance", RefreshPolicy, "tolerance", "points (hundredths) of its own dev metric a champion "
+                  "may lose on the new index and still be re-bound (default {default} point)")
     p.add_argument("--index", help="index version to refresh onto (default: the one LATEST names)")
     p.add_argument("--json", action="store_true", help="one JSON object per champion instead of the line")
     add_store(p)

@@ -8,7 +8,7 @@ import logging
 
 from cli.options import add_nproc, add_store, config_option
 from rag_core.errors import WikiragError
-from rag_core.train.jobs import FinetuneRequest
+from rag_core.train.jobs import FinetuneRequest, PromotionGate
 from rag_core.train.loaders import TASK_KINDS
 from rag_core.train.recipe import TrainConfig
 from runtime.settings import Settings
@@ -111,8 +111,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "every passage, several times slower)", keep_default=True)
     config_option(tune, "--eval-precision", FinetuneRequest, "eval_precision", "evaluation arithmetic (default "
                   "{default}; auto: bf16 autocast where native, as the main job)", keep_default=True)
-    tune.add_argument("--margin", type=float, default=0.0, help="promotion gate: beat the champion's dev metric by "
-                      "this much (default 0)")
+    config_option(tune, "--margin", PromotionGate, "margin", "promotion gate: beat the champion's dev metric by "
+                  "this much (default {default})", keep_default=True)
     tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "
                       "from the same recipe, data and index (by default it is reused)")
     add_store(tune)

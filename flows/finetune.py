@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from flows.generated_qa import generated_qa_files
 from rag_core.index.versions import read_index_manifest
-from rag_core.train.jobs import DDP_PROCESSES, FinetuneRequest
+from rag_core.train.jobs import DDP_PROCESSES, PROMOTION_MARGIN, FinetuneRequest
 from rag_core.train.memory_plan import check_training_memory
 from rag_core.train.recipe import TrainConfig, trajectory_key
 from runtime.process_tuning import start_process
@@ -95,7 +95,7 @@ def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAcces
 
 @flow(name="finetune-task", validate_parameters=True)
 def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: str, index_version: str,
-                  nproc: int = DDP_PROCESSES, margin: float = 0.0, output: str | None = None,
+                  nproc: int = DDP_PROCESSES, margin: float = PROMOTION_MARGIN, output: str | None = None,
                   force: bool = False, dask_address: str | None = None) -> FinetuneOutcome:
     """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring).
 
@@ -164,7 +164,7 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
 
 @flow(name="finetune", validate_parameters=True)
 def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: str, index_version: str | None = None,
-             nproc: int = DDP_PROCESSES, margin: float = 0.0, force: bool = False,
+             nproc: int = DDP_PROCESSES, margin: float = PROMOTION_MARGIN, force: bool = False,
              dask_address: str | None = None) -> list[FinetuneOutcome]:
     """Fine-tune, evaluate, register and gate one model per task, all on one index version (LATEST by default).
 
@@ -181,7 +181,7 @@ def finetune(requests: list[FinetuneRequest], store: StoreAccess, tracking_uri: 
 
 @flow(name="finetune-deployment", validate_parameters=True)
 def deployed_finetune(requests: list[FinetuneRequest], index_version: str | None = None, nproc: int = DDP_PROCESSES,
-                      margin: float = 0.0, force: bool = False) -> list[FinetuneOutcome]:
+                      margin: float = PROMOTION_MARGIN, force: bool = False) -> list[FinetuneOutcome]:
     """The deployment's entry point: the worker's settings (store, MLflow), read once."""
     settings = Settings()
     start_process(settings)  # the deployment's process: the same switches as a command's

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from rag_core.errors import WikiragError
 from rag_core.evaluate.gold_passages import GoldDiff, gold_diff, named_pages, page_texts
 from rag_core.evaluate.predictions import Evaluation
+from rag_core.evaluate.refresh_policy import TOLERANCE_POINTS
 from rag_core.index.version_names import version_created_at
 from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
@@ -36,7 +37,6 @@ from rag_core.train.examples import Example
 from tasks.adapters.mlflow_registry import CHAMPION, Promotion, log_rag_model, register_rebound
 from tasks.adapters.mlflow_tracking import MlflowRunLogger, check_reachable
 
-TOLERANCE_POINTS = 1.0  # how far below its bound score a champion may score on the new index and still move
 
 
 class RefreshError(WikiragError):

@@ -19,7 +19,14 @@ class Launch(BaseModel):
     nproc: int = Field(2, ge=1, description="DDP processes on this node (torchrun --nproc-per-node)")
 
 
+class PromotionGate(BaseModel):
+    """When a fine-tuned model takes the ``champion`` alias."""
+
+    margin: float = Field(0.0, ge=0.0, description="beat the current champion's dev metric by this much")
+
+
 DDP_PROCESSES = Launch().nproc
+PROMOTION_MARGIN = PromotionGate().margin
 
 
 class FinetuneRequest(BaseModel):

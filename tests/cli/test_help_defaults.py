@@ -119,10 +119,10 @@ def test_nproc_has_one_default() -> None:
 
 
 def test_refresh_tolerance_help_names_the_flows_default() -> None:
-    from tasks.refresh import TOLERANCE_POINTS
+    from rag_core.evaluate.refresh_policy import TOLERANCE_POINTS
 
     action = options(build_parser())[("refresh", "--tolerance")]
-    assert action.default is None and f"{TOLERANCE_POINTS:g} point" in action.help
+    assert action.default is None and f"default {TOLERANCE_POINTS} point" in action.help
 
 
 def test_building_the_parser_imports_neither_prefect_nor_mlflow() -> None:
