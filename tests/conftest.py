@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from rag_core.storage import Store
 from runtime.process_groups import die_with_parent
 from runtime.settings import quiet_environment
 
@@ -202,3 +204,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A fresh empty store, once on the local disk and once under its own prefix of the real S3 server."""
+    if request.param == "local":
+        return Store(str(tmp_path / "store"))
+    s3: S3Server = request.getfixturevalue("s3_server")
+    return Store(f"s3://{s3.bucket}/{request.module.__name__.rsplit('.', 1)[-1]}-{uuid.uuid4().hex[:8]}", s3.options())

@@ -125,7 +125,7 @@ def test_ingest_refuses_a_bz2_bomb_past_the_default_page_cap_in_one_line(prefect
     naming the dump, the stream's byte and the cap, and nothing is published."""
     from cli.wikirag import main
     from rag_core.wiki.dumps import MAX_PAGE_BYTES
-    from tests.rag_core.wiki.test_page_cap import BLOCK, write_bomb_dump
+    from tests.helpers.dump_bombs import BLOCK, write_bomb_dump
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
     monkeypatch.setenv("PREFECT_HOME", str(home / "prefect"))
@@ -188,7 +188,7 @@ def test_a_training_job_past_its_limit_is_stopped_whole_and_reported_in_one_line
     """A real 2-rank torchrun job asked for a million steps, with a limit of 8 s: torchrun and both ranks are
     stopped, and the one line gives the limit and how to raise it."""
     from tasks.adapters.torchrun_launcher import TrainingJobError, launch_training
-    from tests.rag_core.train.test_recipe import make_config
+    from tests.helpers.training import make_config
 
     marker = uuid.uuid4().hex
     env = {**os.environ, "WIKIRAG_TEST_JOB": marker, "OMP_NUM_THREADS": "1"}

@@ -34,7 +34,7 @@ from rag_core.wiki.multistream import read_index
 from runtime.process_groups import die_with_parent, stop_process_group
 from tests.conftest import SAMPLE_BZ2
 from tests.flows.conftest import PublishedIndex
-from tests.flows.test_index_rebuild import _pages, write_dump
+from tests.helpers.pages import page_rows, write_dump
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def dump(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> Dump:
     articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2)))
                 if p.ns == 0 and not p.redirect and p.text and 3000 <= len(p.text) <= 20000
                 and "(disambiguation)" not in p.title][:9]
-    path, index = write_dump(tmp_path_factory.mktemp("dump"), _pages(articles))
+    path, index = write_dump(tmp_path_factory.mktemp("dump"), page_rows(articles))
     data = path.read_bytes()
     offsets = sorted({0, *(s.offset for s in read_index(DumpSource(str(index))))})
     footer = data.rindex(b"BZh9")  # write_multistream's last stream is the footer

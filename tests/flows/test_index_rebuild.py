@@ -29,13 +29,12 @@ from runtime.dask_runner import dask_runner
 from runtime.process_groups import die_with_parent
 from runtime.settings import Settings, StoreAccess
 from tests.conftest import SAMPLE_BZ2, S3Server
-from tests.dumpfiles import page_xml, write_multistream
 from tests.encoderfiles import save_tiny_bert
 from tests.generatorfiles import save_tiny_llama
+from tests.helpers.pages import QUESTIONS, page_rows, write_dump
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is anarchism?", "Who was the teacher of Alexander the Great?", "What is the capital of Alabama?"]
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +59,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("encoders") / "tiny-bert")
 
 
-def write_dump(directory: Path, pages: list[tuple[int, str, str, int]], name: str = "wiki") -> tuple[Path, Path]:
-    """A multistream dump of (page_id, title, text, revision_id)."""
-    dump, index = directory / f"{name}.xml.bz2", directory / f"{name}-index.txt.bz2"
-    rows = [(pid, title, page_xml(pid, title, text, revisions=[(rev, "2020-01-01T00:00:00Z", text)]))
-            for pid, title, text, rev in pages]
-    write_multistream(dump, index, rows, per_stream=3)
-    return dump, index
-
-
 def rebuild(address: str, dump: Path, index: Path, store: str | StoreAccess, encoder: Path | None, *,
             shards: int = 3, **index_config) -> str:
     encoder_config = EncoderConfig(path=str(encoder) if encoder else None)  # dtype auto: what users get
@@ -78,10 +68,6 @@ def rebuild(address: str, dump: Path, index: Path, store: str | StoreAccess, enc
         embed=EmbedConfig(encoder=encoder_config, shards=shards),
         index=IndexConfig(**index_config),
     )
-
-
-def _pages(articles: list) -> list[tuple[int, str, str, int]]:
-    return [(p.page_id, p.title, p.text, p.revision_id) for p in articles]
 
 
 def _all_vectors(store: Store, version: str) -> tuple[list[str], np.ndarray]:
@@ -103,7 +89,7 @@ def _artifact_keys() -> set[str]:
 
 def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
         articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
-    dump, index = write_dump(tmp_path, _pages(articles))
+    dump, index = write_dump(tmp_path, page_rows(articles))
     store_url = str(home / "store")
     version = rebuild(cluster, dump, index, store_url, tiny)
 
@@ -138,7 +124,7 @@ def test_the_command_loads_its_encoder_before_the_flow_and_the_plan_uses_that_on
     from cli.wikirag import main
     from rag_core.index.build import load_encoder
 
-    dump, index = write_dump(tmp_path, _pages(articles[:4]))
+    dump, index = write_dump(tmp_path, page_rows(articles[:4]))
     load_encoder.cache_clear()
     assert main(["index-rebuild", str(dump), "--index", str(index), "--shards", "1", "--encoder", str(tiny),
                  "--dask-address", cluster]) == 0
@@ -152,16 +138,16 @@ def test_the_command_loads_its_encoder_before_the_flow_and_the_plan_uses_that_on
 def test_incremental_rebuild_reuses_unchanged_passages_while_readers_keep_working(
         articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
     store_url = str(home / "store")
-    first = rebuild(cluster, *write_dump(tmp_path, _pages(articles[:12]), "old"), store_url, tiny)
+    first = rebuild(cluster, *write_dump(tmp_path, page_rows(articles[:12]), "old"), store_url, tiny)
     store = Store(store_url)
     old = read_manifest(store, first)
 
     # One article edited (a sentence appended: only its last window changes), one removed, two added.
-    pages = _pages(articles[:12])
+    pages = page_rows(articles[:12])
     pid, title, text, rev = pages[0]
     pages[0] = (pid, title, text + "\n\nA sentence added by a later edit.", rev + 1)
     removed_title = pages.pop(5)[1]
-    pages += _pages(articles[12:14])
+    pages += page_rows(articles[12:14])
 
     seen: list[str] = []
     errors: list[BaseException] = []
@@ -205,7 +191,7 @@ def test_incremental_rebuild_reuses_unchanged_passages_while_readers_keep_workin
 def test_every_gate_failure_publishes_nothing(articles: list, tiny: Path, home: Path, prefect_server: str,
                                               cluster: str, tmp_path: Path) -> None:
     store_url = str(home / "store")
-    dump, index = write_dump(tmp_path, _pages(articles[:6]))
+    dump, index = write_dump(tmp_path, page_rows(articles[:6]))
     good = rebuild(cluster, dump, index, store_url, tiny)
     store = Store(store_url)
 
@@ -243,7 +229,7 @@ def test_search_cli_local_and_s3_with_its_bad_inputs(articles: list, tiny: Path,
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
     s3_url = f"s3://{s3_server.bucket}/search-cli"
-    version = rebuild(cluster, *write_dump(tmp_path, _pages(articles[:8])), Settings().store_access(s3_url), tiny)
+    version = rebuild(cluster, *write_dump(tmp_path, page_rows(articles[:8])), Settings().store_access(s3_url), tiny)
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
 
     questions = tmp_path / "questions.txt"
@@ -293,7 +279,7 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     README command's, checked in a fresh clone at each stop); the sample's own fetch is tested in
     tests/runtime/test_sample_dump.py."""
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2"}
-    dump, _ = write_dump(tmp_path, _pages(articles))
+    dump, _ = write_dump(tmp_path, page_rows(articles))
     llama = save_tiny_llama(tmp_path / "llama")  # the real default generator's fetch is tested in test_models
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _cli("run", "--dump", str(dump), "--generator", str(llama), "--max-steps", "2", env=env, timeout=900)

@@ -27,7 +27,8 @@ from rag_core.storage import Store
 from runtime.settings import Settings
 from tests.conftest import S3Server
 from tests.encoderfiles import save_tiny_bert
-from tests.flows.test_storage_outage import REPO, Busy503Proxy, Run, _dump
+from tests.helpers.processes import REPO
+from tests.helpers.wikirag_runs import Busy503Proxy, Run, sample_dump
 from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ def _env(s3_server: S3Server, proxy: Busy503Proxy, store: str, prefect_server: s
 
 
 def _rebuild_args(tmp_path: Path, tiny: Path) -> list[str]:
-    dump, index = _dump(tmp_path, 3)
+    dump, index = sample_dump(tmp_path, 3)
     return ["index-rebuild", str(dump), "--index", str(index), "--shards", "2", "--encoder", str(tiny),
             "--encoder-dtype", "float32"]
 

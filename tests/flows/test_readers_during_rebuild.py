@@ -26,7 +26,7 @@ from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.encoderfiles import save_tiny_bert
-from tests.flows.test_index_rebuild import QUESTIONS, _pages, write_dump
+from tests.helpers.pages import QUESTIONS, page_rows, write_dump
 from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -56,7 +56,7 @@ def test_searches_during_a_rebuild_on_s3_answer_from_one_whole_version(
 
     articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2)))  # short ones: a quick rebuild
                 if p.ns == 0 and not p.redirect and p.text and 3000 <= len(p.text) <= 20000][:8]
-    dump, index = write_dump(tmp_path, _pages(articles))
+    dump, index = write_dump(tmp_path, page_rows(articles))
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2", "PYTHONPATH": str(REPO)}
     log = (tmp_path / "rebuild.log").open("w")  # a file, not a pipe: nobody reads it while the loop runs
     rebuild = subprocess.Popen([sys.executable, "-m", "cli.wikirag", "index-rebuild", str(dump), "--index", str(index),

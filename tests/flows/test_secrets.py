@@ -21,7 +21,7 @@ from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.encoderfiles import save_tiny_bert
-from tests.flows.test_index_rebuild import _pages, write_dump
+from tests.helpers.pages import page_rows, write_dump
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def test_the_secret_is_in_no_file_no_object_and_no_output(s3_server: S3Server, h
     secret = s3_server.secret
     assert len(secret) > 24  # distinctive: no accidental match
     articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:6]
-    dump, index = write_dump(tmp_path, _pages(articles))
+    dump, index = write_dump(tmp_path, page_rows(articles))
     store = f"s3://{s3_server.bucket}/secrets-test"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))},
            **s3_server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": store, "WIKIRAG_WORKERS": "2",

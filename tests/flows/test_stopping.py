@@ -27,47 +27,11 @@ from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
-from tests.flows.test_index_rebuild import _pages, write_dump
+from tests.helpers.pages import page_rows, write_dump
+from tests.helpers.processes import REPO, descendants, still_running
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 STOP_WITHIN_S = 30
-
-
-def _proc_stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time) of a live process; None when gone or a zombie."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-    return (None if fields[0] == "Z" else (int(fields[1]), fields[19]))
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """pid -> start time of every live process below ``root``."""
-    parents: dict[int, tuple[int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
-            parents[int(entry)] = stat
-    found: dict[int, str] = {}
-    frontier = [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, started) in parents.items():
-            if ppid == parent and pid not in found:
-                found[pid] = started
-                frontier.append(pid)
-    return found
-
-
-def _still_running(seen: dict[int, str]) -> list[str]:
-    alive = []
-    for pid, started in seen.items():
-        stat = _proc_stat(pid)
-        if stat is not None and stat[1] == started:  # the same process, not a reused pid
-            alive.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
-    return alive
 
 
 class Stop(NamedTuple):
@@ -124,9 +88,9 @@ def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, s
     try:
         deadline = time.monotonic() + 300
         while not reached.is_set() and proc.poll() is None and time.monotonic() < deadline:
-            seen |= _descendants(proc.pid)
+            seen |= descendants(proc.pid)
             reached.wait(0.2)
-        seen |= _descendants(proc.pid)
+        seen |= descendants(proc.pid)
         assert reached.is_set() and proc.poll() is None, "".join(lines)[-3000:]
         signalled = time.monotonic()
         ran_for = signalled - started
@@ -157,7 +121,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_resumes(
         wiki: Path, home: Path, tmp_path: Path, prefect_server: str) -> None:
     articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:10]
-    dump, index = write_dump(tmp_path, _pages(articles))
+    dump, index = write_dump(tmp_path, page_rows(articles))
     env = {**os.environ, "WIKIRAG_WORKERS": "2", "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
     args = ["index-rebuild", str(dump), "--index", str(index), "--shards", str(SHARDS), "--encoder-dtype", "auto"]
     store = home / "store"
@@ -171,7 +135,7 @@ def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_re
         assert stopped_in < STOP_WITHIN_S, (stop.stage, stderr[-3000:])
         assert len(seen) >= (3 if stop.own_server else 2), seen  # its Dask workers (and server), at least
         time.sleep(1)  # a stopped child's exit is reaped by init within moments
-        assert _still_running(seen) == [], stop.stage
+        assert still_running(seen) == [], stop.stage
         assert not (store / "indexes" / "LATEST").exists(), stop.stage
         if stop.signum == signal.SIGINT:
             assert "wikirag: interrupted; staged parts are kept and a rerun resumes" in stderr
@@ -215,7 +179,7 @@ def test_a_stop_mid_embedding_on_s3_publishes_nothing_and_the_rerun_resumes(
     import s3fs
 
     articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:6]
-    dump, index = write_dump(tmp_path, _pages(articles))
+    dump, index = write_dump(tmp_path, page_rows(articles))
     prefix = f"{s3_server.bucket}/stopping-{tmp_path.name}"
     env = {**os.environ, **s3_server.env(), "WIKIRAG_STORE": f"s3://{prefix}", "WIKIRAG_WORKERS": "2",
            "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_server}
@@ -226,7 +190,7 @@ def test_a_stop_mid_embedding_on_s3_publishes_nothing_and_the_rerun_resumes(
           f"{len(seen)} processes it started")
     assert code == 143 and stopped_in < STOP_WITHIN_S, stderr[-3000:]
     time.sleep(1)
-    assert _still_running(seen) == []
+    assert still_running(seen) == []
     fs = s3fs.S3FileSystem(**s3_server.options(), skip_instance_cache=True)
     assert not fs.exists(f"{prefix}/indexes/LATEST")
     finished = fs.glob(f"{prefix}/embeddings/*/*/rows-*.json")
@@ -298,16 +262,16 @@ def test_an_interrupted_pytest_leaves_no_server_behind(tmp_path: Path) -> None:
         for line in inner.stdout:  # the fixtures are up once the test body prints
             if "services up" in line:
                 break
-        seen = _descendants(inner.pid)
+        seen = descendants(inner.pid)
         names = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:4] for pid in seen]
         assert any(b"weed" in part for cmd in names for part in cmd), names
         assert any(b"prefect" in part for cmd in names for part in cmd), names
         inner.send_signal(signal.SIGKILL)
         inner.wait(timeout=30)
         deadline = time.monotonic() + STOP_WITHIN_S
-        while _still_running(seen) and time.monotonic() < deadline:
+        while still_running(seen) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _still_running(seen) == []
+        assert still_running(seen) == []
     finally:
         if inner.poll() is None:
             inner.kill()

@@ -22,12 +22,9 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 import s3fs
@@ -37,16 +34,15 @@ from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.search import ShardedIndex
 from rag_core.index.versions import latest_version
 from rag_core.storage import S3FS_TRIES, Store, StoreUnreachableError
-from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from runtime.settings import Settings, retry_window_s
-from tests.conftest import SAMPLE_BZ2, S3Server, SeaweedFS
+from tests.conftest import S3Server, SeaweedFS
 from tests.encoderfiles import save_tiny_bert
-from tests.flows.test_index_rebuild import _pages, write_dump
+from tests.helpers.processes import REPO
+from tests.helpers.wikirag_runs import Busy503Proxy, Run, sample_dump
 from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 RECORD = re.compile(r"embeddings/[^/]+/[^/]+/rows-[^/]+\.json")
 SHARD_IDS = re.compile(r"indexes/([^/]+)/shard-\d+\.ids\.parquet")
 PLAN = re.compile(r"indexes/([^/]+)/plan\.json")
@@ -75,56 +71,10 @@ def cluster(prefect_server: str) -> Iterator[str]:
         yield local.scheduler_address
 
 
-def _dump(tmp_path: Path, n: int) -> tuple[Path, Path]:
-    articles = [p for p in iter_pages(DumpSource(str(SAMPLE_BZ2))) if p.ns == 0 and not p.redirect and p.text][:n]
-    return write_dump(tmp_path, _pages(articles))
-
-
 def _env(seaweed: SeaweedFS, home: Path, store: str, prefect_server: str, cluster: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WIKIRAG_"))}
     return {**env, **seaweed.server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": store,
             "WIKIRAG_DASK_ADDRESS": cluster, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO)}
-
-
-class Run:
-    """``wikirag ARGS`` as a subprocess whose stderr is read line by line as it is printed."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.args, self.started = args, time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=REPO, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
-        self.lines: list[str] = []
-        self.out: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
-                         for stream, into in ((self.proc.stderr, self.lines), (self.proc.stdout, self.out))]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream: IO[str], into: list[str]) -> None:
-        into.extend(stream)
-
-    def wait_for(self, done: Callable[[], bool], timeout: float = 300) -> float:
-        """Block until ``done()`` while the command runs; the monotonic time it became true."""
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert self.proc.poll() is None, "".join(self.lines)[-3000:]
-            assert time.monotonic() < deadline, "".join(self.lines)[-3000:]
-            time.sleep(0.05)
-        return time.monotonic()
-
-    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
-        """(exit status, stdout, stderr) once it ends."""
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        for reader in self._readers:
-            reader.join(timeout=10)
-        print(f"wikirag {self.args[0]}: exit {self.proc.returncode} in {time.monotonic() - self.started:.1f} s")
-        return self.proc.returncode, "".join(self.out), "".join(self.lines)
 
 
 def _objects(seaweed: SeaweedFS, prefix: str) -> list[str]:
@@ -164,7 +114,7 @@ def _killed_when(seaweed: SeaweedFS, args: list[str], env: dict[str, str], retri
 def test_a_dead_store_is_one_line_and_nothing_visible_a_short_outage_is_ridden_through_the_rerun_publishes(
         seaweed: SeaweedFS, home: Path, tmp_path: Path, prefect_server: str, cluster: str,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    dump, index = _dump(tmp_path, 5)
+    dump, index = sample_dump(tmp_path, 5)
     prefix = f"{seaweed.server.bucket}/outage"
     env = _env(seaweed, home, f"s3://{prefix}", prefect_server, cluster)
     # Eight shards on two workers: at the first finished shard, at least five are still to embed.
@@ -218,91 +168,6 @@ def test_the_retry_setting_reaches_botocore_and_bounds_s3fs(s3_server: S3Server,
     assert (store.fs.retries, retry_window_s(3), retry_window_s()) == (2, 7.0, 71.0)
 
 
-class Busy503Proxy:
-    """An HTTP proxy in front of the real S3 server that answers ``503 SlowDown`` to the next ``fail_next`` requests
-    and to those ``fail_when(method, path)`` picks, and relays the rest unchanged (the Host header too, so that SigV4
-    signatures still verify)."""
-
-    BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-            b"<Message>Please reduce your request rate.</Message></Error>")
-
-    def __init__(self, backend: str) -> None:
-        self.backend = urllib.parse.urlsplit(backend)
-        self.fail_next, self.failed = 0, 0
-        self.fail_when: Callable[[str, str], bool] | None = None
-        self.lock = threading.Lock()
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:  # quiet: pytest shows stderr on failures
-                pass
-
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while size := int(self.rfile.readline().split(b";")[0], 16):
-                        chunks.append(self.rfile.read(size))
-                        self.rfile.readline()
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
-                        pass
-                    return b"".join(chunks)
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-            def _handle(self) -> None:
-                body = self._body()
-                with proxy.lock:
-                    busy = proxy.fail_next > 0
-                    proxy.fail_next -= busy
-                    busy = busy or bool(proxy.fail_when and proxy.fail_when(self.command, self.path))
-                    proxy.failed += busy
-                if busy:
-                    self.send_response(503)
-                    for name, value in (("Content-Type", "application/xml"), ("Retry-After", "0"),
-                                        ("Content-Length", str(len(Busy503Proxy.BODY)))):
-                        self.send_header(name, value)
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(Busy503Proxy.BODY)
-                    return
-                conn = http.client.HTTPConnection(proxy.backend.hostname, proxy.backend.port, timeout=30)
-                try:
-                    conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-                    for name, value in self.headers.items():
-                        if name.lower() != "transfer-encoding":
-                            conn.putheader(name, value)
-                    if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                        conn.putheader("Content-Length", str(len(body)))
-                    conn.endheaders(body or None)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                self.send_response(resp.status, resp.reason)
-                for name, value in resp.getheaders():
-                    if name.lower() not in ("transfer-encoding", "content-length", "connection"):
-                        self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Busy503Proxy:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_real_http_503s_are_retried_and_a_store_that_keeps_answering_503_is_one_line(
         s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that answers 503 SlowDown (a real HTTP response, through a proxy in front of SeaweedFS): a few are
@@ -345,7 +210,7 @@ def test_a_store_failing_the_move_of_latest_leaves_latest_as_it_was_and_the_reru
     encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
     old = publish_small_index(Store(f"s3://{prefix}", s3_server.options()), "d1", sample_passages().slice(0, 40),
                               encoder, 1)
-    dump, index = _dump(tmp_path, 3)
+    dump, index = sample_dump(tmp_path, 3)
     with Busy503Proxy(s3_server.endpoint) as proxy:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env |= {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url, "WIKIRAG_STORE": f"s3://{prefix}",

@@ -24,17 +24,8 @@ from rag_core.leases import (
     try_take_lease,
 )
 from rag_core.storage import Store
-from tests.conftest import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if request.param == "local":
-        return Store(str(tmp_path / "store"))
-    s3: S3Server = request.getfixturevalue("s3_server")
-    return Store(f"s3://{s3.bucket}/leases-{tmp_path.name}", s3.options())
 
 
 def test_one_of_many_concurrent_takers_wins(store: Store) -> None:

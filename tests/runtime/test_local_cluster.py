@@ -13,15 +13,15 @@ from pathlib import Path
 
 from runtime.local_cluster import BoundedLocalCluster
 from runtime.process_tuning import DASK_TRIM_DEFAULT, without_dask_trim
-from tests.flows.test_stopping import _descendants, _still_running
+from tests.helpers.processes import descendants, still_running
 
 
 def test_close_gives_up_on_frozen_workers_and_kills_them() -> None:
     cluster = BoundedLocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   dashboard_address=None, close_timeout=1.0)
     pids = cluster.worker_pids()
-    assert len(pids) == 2 and set(pids) <= set(_descendants(os.getpid()))
-    seen = {pid: started for pid, started in _descendants(os.getpid()).items() if pid in pids}
+    assert len(pids) == 2 and set(pids) <= set(descendants(os.getpid()))
+    seen = {pid: started for pid, started in descendants(os.getpid()).items() if pid in pids}
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)  # alive, holding their connections, answering nothing
     started = time.monotonic()
@@ -29,7 +29,7 @@ def test_close_gives_up_on_frozen_workers_and_kills_them() -> None:
     took = time.monotonic() - started
     time.sleep(0.5)
     assert took < 3, took  # the nanny alone kills a frozen worker after 4 s; distributed's close waits without limit
-    assert _still_running(seen) == []
+    assert still_running(seen) == []
 
 
 

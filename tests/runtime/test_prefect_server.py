@@ -19,7 +19,7 @@ from rag_core.errors import WikiragError
 from runtime import prefect_server
 from runtime.prefect_server import _healthy, prefect_api
 from runtime.process_tuning import prefect_template_path
-from tests.flows.test_stopping import REPO, _descendants, _still_running
+from tests.helpers.processes import REPO, descendants, still_running
 
 # What the commands' ``meanwhile`` does, in a fresh process (where nothing has imported Prefect yet).
 FLOW_IMPORTS = textwrap.dedent("""
@@ -45,7 +45,7 @@ FLOW_IMPORTS = textwrap.dedent("""
 
 def _servers(but: dict[int, str] | None = None) -> dict[int, str]:
     """This test process's `prefect server start` descendants (pid -> start time), except those in ``but``."""
-    return {pid: started for pid, started in _descendants(os.getpid()).items()
+    return {pid: started for pid, started in descendants(os.getpid()).items()
             if b"server\0start" in Path(f"/proc/{pid}/cmdline").read_bytes() and pid not in (but or {})}
 
 
@@ -64,7 +64,7 @@ def test_meanwhile_runs_while_the_server_boots_and_its_failure_stops_the_server(
     with prefect_api(tmp_path / "prefect", meanwhile=meanwhile) as url:
         assert url == seen["url"] and _healthy(url)
     assert seen["answered"] is False  # ran before the server was up, not after
-    assert len(seen["servers"]) == 1 and _still_running(seen["servers"]) == []
+    assert len(seen["servers"]) == 1 and still_running(seen["servers"]) == []
     assert "PREFECT_API_URL" not in os.environ
 
     def fails() -> None:
@@ -73,7 +73,7 @@ def test_meanwhile_runs_while_the_server_boots_and_its_failure_stops_the_server(
 
     with pytest.raises(RuntimeError, match="could not be fetched"), prefect_api(tmp_path / "prefect", meanwhile=fails):
         pytest.fail("the body must not run when meanwhile fails")
-    assert len(seen["servers"]) == 1 and _still_running(seen["servers"]) == []
+    assert len(seen["servers"]) == 1 and still_running(seen["servers"]) == []
     assert "PREFECT_API_URL" not in os.environ
 
 

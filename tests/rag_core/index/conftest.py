@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.rag_core.index.test_faiss_index import clustered_vectors, exact_topk
+from tests.helpers.vectors import clustered_vectors, exact_topk
 
 
 @pytest.fixture(scope="module")

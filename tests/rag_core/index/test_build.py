@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from pathlib import Path
 
 import faiss
@@ -24,7 +23,6 @@ from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import latest_version, list_versions, read_index_manifest, verify_version
 from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
-from tests.conftest import S3Server
 from tests.encoderfiles import CountingEncoder, tiny_encoder
 from tests.passagefiles import publish_passages, sample_passages
 
@@ -37,14 +35,6 @@ N = 120  # passages of the first dump: small, so that the whole story runs in se
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     return tiny_encoder(tmp_path_factory.mktemp("enc") / "tiny")
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if request.param == "local":
-        return Store(str(tmp_path / "store"))
-    s3: S3Server = request.getfixturevalue("s3_server")
-    return Store(f"s3://{s3.bucket}/build-{uuid.uuid4().hex[:8]}", s3.options())
 
 
 def dumps(wiki: Path) -> tuple[pa.Table, pa.Table, int]:

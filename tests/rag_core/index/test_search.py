@@ -44,7 +44,7 @@ from rag_core.index.versions import (
 )
 from rag_core.storage import Store
 from tests.conftest import S3Server
-from tests.rag_core.index.test_faiss_index import clustered_vectors, exact_topk, recall_at
+from tests.helpers.vectors import clustered_vectors, exact_topk, recall_at
 
 DIM = 64
 SIZES = [700, 1300, 1000, 1000]  # four shards of unequal size

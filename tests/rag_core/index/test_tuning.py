@@ -21,7 +21,7 @@ from rag_core.index.tuning import (
     set_search_params,
     tuning_queries,
 )
-from tests.rag_core.index.test_faiss_index import clustered_vectors, recall_at
+from tests.helpers.vectors import clustered_vectors, recall_at
 
 
 @pytest.mark.parametrize("factory, name", [("HNSW8", "efSearch"), ("IVF64,Flat", "nprobe")])

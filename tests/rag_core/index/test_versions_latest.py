@@ -111,7 +111,7 @@ def _wrote_latest(method: str, path: str) -> bool:
 @pytest.fixture
 def proxied(s3_server: S3Server, tmp_path) -> Iterator[tuple[Store, Store, object]]:
     """(a store through a proxy in front of SeaweedFS, the same store reached directly, the proxy)."""
-    from tests.flows.test_storage_outage import Busy503Proxy
+    from tests.helpers.wikirag_runs import Busy503Proxy
 
     prefix = f"{s3_server.bucket}/race-{tmp_path.name}"
     with Busy503Proxy(s3_server.endpoint) as proxy:

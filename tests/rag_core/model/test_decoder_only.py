@@ -14,29 +14,12 @@ import torch
 
 from rag_core.model.causal_decoding import causal_sequence_generate, causal_token_generate
 from rag_core.model.extract import short_answer
-from rag_core.model.generators import IGNORE, GeneratorConfig
+from rag_core.model.generators import IGNORE
 from rag_core.model.rag_model import RagModel
-from tests.generatorfiles import save_tiny_llama
-from tests.rag_core.model.test_rag_model import (  # noqa: F401  (fixtures)
-    ANSWERS,
-    QUESTIONS,
-    indexes,
-    make_model,
-    one_torch_thread,
-    passages,
-)
+from tests.helpers.rag_models import ANSWERS, QUESTIONS, llama_model
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_llama(tmp_path_factory.mktemp("llama") / "llama")
-
-
-def llama_model(indexes: SimpleNamespace, llama_dir: Path, **config) -> RagModel:  # noqa: F811
-    return make_model(indexes, generator=GeneratorConfig(path=str(llama_dir)), **config)
-
-
-def test_prompts_hold_passage_and_question_left_padded(indexes: SimpleNamespace, llama_dir: Path) -> None:  # noqa: F811
+def test_prompts_hold_passage_and_question_left_padded(indexes: SimpleNamespace, llama_dir: Path) -> None:
     model = llama_model(indexes, llama_dir, n_docs=2)
     batch = model.retrieve(QUESTIONS)
     assert batch.context_input_ids.shape[0] == 6
@@ -48,7 +31,7 @@ def test_prompts_hold_passage_and_question_left_padded(indexes: SimpleNamespace,
     assert closed.n_docs == 1 and "anarchism" in model.generator_tokenizer.decode(closed.context_input_ids[0])
 
 
-def test_one_document_loss_is_the_llamas_own_labels_loss(indexes: SimpleNamespace, llama_dir: Path) -> None:  # noqa: F811
+def test_one_document_loss_is_the_llamas_own_labels_loss(indexes: SimpleNamespace, llama_dir: Path) -> None:
     """Per question, unpadded: prompt + answer + eos with labels=-100 on the prompt; ours sums, theirs averages."""
     model = llama_model(indexes, llama_dir, n_docs=1)
     batch = model.retrieve(QUESTIONS)
@@ -63,7 +46,7 @@ def test_one_document_loss_is_the_llamas_own_labels_loss(indexes: SimpleNamespac
         torch.testing.assert_close(ours[i], own.loss * len(answer), rtol=1e-5, atol=1e-4)
 
 
-def test_rows_one_by_one_give_the_padded_batchs_losses_and_gradients(indexes: SimpleNamespace,  # noqa: F811
+def test_rows_one_by_one_give_the_padded_batchs_losses_and_gradients(indexes: SimpleNamespace,
                                                                      llama_dir: Path) -> None:
     """The CPU default runs each prompt without its left padding; it must compute what the padded batch does."""
     model = llama_model(indexes, llama_dir, n_docs=2)
@@ -89,7 +72,7 @@ def test_rows_one_by_one_give_the_padded_batchs_losses_and_gradients(indexes: Si
 
 
 @pytest.mark.parametrize("beams", [1, 3])
-def test_one_document_decoding_equals_generate(indexes: SimpleNamespace, llama_dir: Path, beams: int) -> None:  # noqa: F811
+def test_one_document_decoding_equals_generate(indexes: SimpleNamespace, llama_dir: Path, beams: int) -> None:
     model = llama_model(indexes, llama_dir, n_docs=1)
     batch = model.retrieve(QUESTIONS)
     ids, mask = batch.context_input_ids, batch.context_attention_mask
@@ -121,7 +104,7 @@ def _reference_token_greedy(model: RagModel, ids, mask, doc_scores, n_docs: int,
     return torch.tensor(answers)
 
 
-def test_several_documents_token_greedy_equals_a_cacheless_mixture(indexes: SimpleNamespace,  # noqa: F811
+def test_several_documents_token_greedy_equals_a_cacheless_mixture(indexes: SimpleNamespace,
                                                                    llama_dir: Path) -> None:
     model = llama_model(indexes, llama_dir, n_docs=3)
     batch = model.retrieve(QUESTIONS)
@@ -134,7 +117,7 @@ def test_several_documents_token_greedy_equals_a_cacheless_mixture(indexes: Simp
 
 
 @pytest.mark.parametrize("mode", ["thorough", "fast"])
-def test_sequence_scores_are_the_sequence_loss(indexes: SimpleNamespace, llama_dir: Path, mode: str) -> None:  # noqa: F811
+def test_sequence_scores_are_the_sequence_loss(indexes: SimpleNamespace, llama_dir: Path, mode: str) -> None:
     """log p(y|x) of the chosen answer is minus RAG-Sequence's loss of that answer (a second code path)."""
     model = llama_model(indexes, llama_dir, n_docs=3, kind="sequence")
     batch = model.retrieve(QUESTIONS)
@@ -154,7 +137,7 @@ def test_sequence_scores_are_the_sequence_loss(indexes: SimpleNamespace, llama_d
         assert (found.scores <= -loss + 1e-4).all()
 
 
-def test_gradients_reach_the_question_encoder_through_doc_scores_only(indexes: SimpleNamespace,  # noqa: F811
+def test_gradients_reach_the_question_encoder_through_doc_scores_only(indexes: SimpleNamespace,
                                                                      llama_dir: Path) -> None:
     model = llama_model(indexes, llama_dir, n_docs=3, kind="token").train()
     batch = model.retrieve(QUESTIONS)
@@ -171,7 +154,7 @@ def test_gradients_reach_the_question_encoder_through_doc_scores_only(indexes: S
     assert all(p.grad is None or not p.grad.any() for p in model.question_encoder.parameters())
 
 
-def test_generate_answers_each_question_and_saves_and_reloads(indexes: SimpleNamespace, llama_dir: Path,  # noqa: F811
+def test_generate_answers_each_question_and_saves_and_reloads(indexes: SimpleNamespace, llama_dir: Path,
                                                               tmp_path: Path) -> None:
     model = llama_model(indexes, llama_dir, n_docs=2, kind="token")
     answers = model.generate(QUESTIONS, max_new_tokens=4, num_beams=2)
@@ -181,7 +164,7 @@ def test_generate_answers_each_question_and_saves_and_reloads(indexes: SimpleNam
     assert again.family.is_decoder_only and again.generate(QUESTIONS, max_new_tokens=4, num_beams=2) == answers
 
 
-def test_generate_returns_each_replys_answer_span(indexes: SimpleNamespace, llama_dir: Path) -> None:  # noqa: F811
+def test_generate_returns_each_replys_answer_span(indexes: SimpleNamespace, llama_dir: Path) -> None:
     # the cutting itself is checked on hand-worked replies in test_answer_extraction.py; here, that generate()
     # applies it to what was decoded, and only when the config asks
     model = llama_model(indexes, llama_dir, n_docs=2, short_answers=False, grounded=False)

@@ -19,8 +19,7 @@ from rag_core.index.encoders import packaged_model_path
 from rag_core.model.causal_decoding import causal_sequence_generate, causal_token_generate
 from rag_core.model.generators import IGNORE
 from rag_core.model.grounded_decoding import PassageSpans
-from tests.rag_core.model.test_decoder_only import llama_dir, llama_model  # noqa: F401  (fixture)
-from tests.rag_core.model.test_rag_model import QUESTIONS, indexes, one_torch_thread, passages  # noqa: F401
+from tests.helpers.rag_models import QUESTIONS, llama_model
 
 PASSAGE = "Alaska: The capital of Alaska is Juneau, Alaska. It was bought in 1867 (for $7.2 million)."
 SPANS = [  # (span, is a whole span of PASSAGE)
@@ -70,8 +69,8 @@ def _passage_spans(model, batch, per_doc: bool) -> list[PassageSpans]:
 
 
 @pytest.mark.parametrize("beams", [1, 3])
-def test_token_decoding_emits_only_spans_of_the_questions_passages(indexes: SimpleNamespace,  # noqa: F811
-                                                                   llama_dir: Path, beams: int) -> None:  # noqa: F811
+def test_token_decoding_emits_only_spans_of_the_questions_passages(indexes: SimpleNamespace,
+                                                                   llama_dir: Path, beams: int) -> None:
     model = llama_model(indexes, llama_dir, n_docs=3, kind="token")
     batch = model.retrieve(QUESTIONS)
     stop, pad = model.family.stop_token_ids, model.family.pad_token_id
@@ -88,7 +87,7 @@ def test_token_decoding_emits_only_spans_of_the_questions_passages(indexes: Simp
 
 @pytest.mark.parametrize("mode", ["thorough", "fast"])
 def test_sequence_candidates_are_their_passages_spans_ranked_by_the_unconstrained_marginal(
-        indexes: SimpleNamespace, llama_dir: Path, mode: str) -> None:  # noqa: F811
+        indexes: SimpleNamespace, llama_dir: Path, mode: str) -> None:
     model = llama_model(indexes, llama_dir, n_docs=3, kind="sequence")
     batch = model.retrieve(QUESTIONS)
     stop = model.family.stop_token_ids
@@ -114,8 +113,8 @@ def test_sequence_candidates_are_their_passages_spans_ranked_by_the_unconstraine
 
 
 @pytest.mark.parametrize("kind", ["sequence", "token"])
-def test_generate_answers_from_the_passages_and_closed_book_stays_free(indexes: SimpleNamespace,  # noqa: F811
-                                                                      llama_dir: Path, kind: str) -> None:  # noqa: F811
+def test_generate_answers_from_the_passages_and_closed_book_stays_free(indexes: SimpleNamespace,
+                                                                      llama_dir: Path, kind: str) -> None:
     model = llama_model(indexes, llama_dir, n_docs=2, kind=kind)
     batch = model.retrieve(QUESTIONS)
     answers = model.generate(batch, max_new_tokens=48)

@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,10 +20,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rag_core.index.build import build_version
-from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, check_compatible, packaged_model_path
-from rag_core.index.faiss_index import IndexConfig
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.rag_model import (
     GeneratorConfig,
@@ -35,60 +31,12 @@ from rag_core.model.rag_model import (
     default_generator,
 )
 from rag_core.model.retriever import IndexRetriever
-from rag_core.storage import Store
-from rag_core.wiki.dumps import DumpSource, iter_pages
-from rag_core.wiki.passages import passages_from_pages
-from tests.conftest import SAMPLE_BZ2
 from tests.encoderfiles import TOKENIZER_FILES, save_tiny_bert
-from tests.passagefiles import publish_passages, sample_passages
-
-TINY_GENERATOR = GeneratorConfig(d_model=32, layers=1, heads=2, ffn_dim=64)
-QUESTIONS = ["What is anarchism?", "Where is Alabama?", "Who was Achilles?"]
-ANSWERS = ["a political philosophy", "in the south of the united states", "a greek hero"]
+from tests.helpers.rag_models import ANSWERS, QUESTIONS, TINY_GENERATOR, make_model
 
 
-# ----------------------------------------------------------------------------- fixtures
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """These steps are small (a few hundred tokens): a second intra-op thread gains little, and on a
-    shared machine its barriers cost up to 10x (200 training steps: 455 s on 2 threads, 42 s on 1, load 8)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def passages(wiki: Path) -> pa.Table:
-    table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE_BZ2))))[0]
-    return table.slice(0, 400).select(["passage_id", "title", "text"])
-
-
-@pytest.fixture(scope="module")
-def indexes(tmp_path_factory: pytest.TempPathFactory, passages: pa.Table) -> SimpleNamespace:
-    """v1 and v2: other passages, same tiny encoder; other: v1's passages under another encoder."""
-    root = tmp_path_factory.mktemp("rag")
-    encoder_config = EncoderConfig(path=str(save_tiny_bert(root / "tiny")), dtype="float32")
-    other_config = EncoderConfig(path=str(save_tiny_bert(root / "tiny-other", seed=1)), dtype="float32")
-    store = Store(str(root / "store"))
-    encoder = Encoder.load(encoder_config)
-    publish_passages(store, "d1", sample_passages().slice(0, 200))
-    publish_passages(store, "d2", sample_passages().slice(200, 200))
-    flat = IndexConfig(factory="Flat")
-    v1 = build_version(store, "d1", EmbedConfig(encoder=encoder_config, shards=2), flat, encoder=encoder)
-    v2 = build_version(store, "d2", EmbedConfig(encoder=encoder_config, shards=2), flat, encoder=encoder)
-    other = build_version(store, "d1", EmbedConfig(encoder=other_config, shards=1), flat)
-    return SimpleNamespace(store=store, encoder=encoder, encoder_config=encoder_config, v1=v1, v2=v2,
-                           other=other, v1_ids=set(passages.slice(0, 200)["passage_id"].to_pylist()),
-                           v2_ids=set(passages.slice(200, 200)["passage_id"].to_pylist()))
-
-
-def make_model(indexes: SimpleNamespace, version: str | None = None, **config) -> RagModel:
-    config = {"question_encoder": indexes.encoder_config, "generator": TINY_GENERATOR, "n_docs": 3,
-              "max_context_length": 64, **config}
-    return RagModel.create(RagConfig(**config), IndexRetriever.load(indexes.store, version or indexes.v1))
+# ----------------------------------------------------------------------------- builders
 
 
 def spread_weights(module: torch.nn.Module, seed: int = 0) -> None:

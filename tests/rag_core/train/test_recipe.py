@@ -25,31 +25,9 @@ from rag_core.train.recipe import (
     trajectory_key,
 )
 from rag_core.train.tracking import MemoryLogger
+from tests.helpers.training import gradients, make_config, max_difference, parameters
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def make_config(tiny: SimpleNamespace, output: str, **fields) -> TrainConfig:
-    """Small and exact: float32, no dropout (unless asked), one thread, 2 documents, 64 context tokens."""
-    base = {"task": "cloze", "train": tiny.train, "dev": tiny.dev, "generator": tiny.bart, "n_docs": 2,
-            "max_context_length": 64, "lr": 1e-3, "batch_size": 4, "max_steps": 2, "checkpoint_every": 0,
-            "precision": "float32", "max_dev_examples": 8, "dropout": 0.0, "threads": 1, "output": output}
-    return TrainConfig.model_validate({**base, **fields})
-
-
-def parameters(tiny: SimpleNamespace, output: str, step: int) -> dict[str, torch.Tensor]:
-    return load_file(tiny.root / "store" / output / "checkpoints" / step_folder(step) / "model.safetensors")
-
-
-def gradients(tiny: SimpleNamespace, output: str) -> dict[str, torch.Tensor]:
-    """The first step's gradients: Adam's first moment after one step is (1 - beta1) * gradient."""
-    state = load_file(tiny.root / "store" / output / "checkpoints" / step_folder(1) / "optimizer.safetensors")
-    return {k: v / 0.1 for k, v in state.items() if k.endswith(".exp_avg")}
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 # ----------------------------------------------------------------------------- pure parts

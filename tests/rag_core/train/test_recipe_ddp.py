@@ -26,7 +26,7 @@ from rag_core.train.checkpoints import complete_steps
 from rag_core.train.recipe import run
 from tasks.adapters.mlflow_tracking import open_run
 from tasks.adapters.torchrun_launcher import TrainingJobError, launch_training
-from tests.rag_core.train.test_recipe import gradients, make_config, max_difference, parameters
+from tests.helpers.training import gradients, make_config, max_difference, parameters
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,7 +17,7 @@ from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import CorruptShardError, ShardPayload, publish_version
 from rag_core.storage import Store
 from tasks.adapters.dask_retriever import DaskShardedIndex, place_shards, search_threads
-from tests.rag_core.index.test_faiss_index import clustered_vectors
+from tests.helpers.vectors import clustered_vectors
 from tests.tasks.conftest import held_after_release
 
 DIM = 32

@@ -18,34 +18,13 @@ import pytest
 from mlflow import MlflowClient
 
 from rag_core.errors import WikiragError
-from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.retention import delete_version, version_pins
 from rag_core.index.version_names import IndexVersionError
-from rag_core.model.generators import GeneratorConfig
-from rag_core.model.rag_model import RagConfig, RagModel
-from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
 from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, pin_name, register
 from tasks.adapters.mlflow_tracking import tracked_run
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def bound_model(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str, Path]:
-    """A small real index (tiny BERT encoder, 200 real passages) and a saved RAG model over it (tiny Llama)."""
-    root = tmp_path_factory.mktemp("registry")
-    encoder_dir = save_tiny_bert(root / "encoder")
-    encoder = Encoder.load(EncoderConfig(path=str(encoder_dir), dtype="float32"))
-    store = Store(str(root / "store"))
-    version = publish_small_index(store, "d1", sample_passages().slice(0, 200), encoder, shards=2)
-    config = RagConfig(n_docs=2, question_encoder=encoder.config,
-                       generator=GeneratorConfig(path=str(save_tiny_llama(root / "llama"))))
-    model = RagModel.create(config, IndexRetriever.load(store, version))
-    return store, version, model.save_pretrained(root / "rag")
 
 
 def _registered(uri: str, store: Store, version: str, model_dir: Path, value: float, margin: float = 0.01):

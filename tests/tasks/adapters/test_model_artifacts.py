@@ -30,7 +30,6 @@ from tasks.adapters.mlflow_flavor import CHECKSUMS_TAG, MAX_NEW_TOKENS_CAP, Mode
 from tasks.adapters.mlflow_registry import log_rag_model, register
 from tasks.adapters.mlflow_tracking import tracked_run
 from tasks.adapters.model_checksums import ModelArtifactError
-from tests.tasks.adapters.test_mlflow_registry import bound_model  # noqa: F401 - the fixture, shared
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 NAME, QUESTION = "wikirag-cloze", "Who was the teacher of Alexander the Great?"

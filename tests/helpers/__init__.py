@@ -1,0 +1,1 @@
+"""Builders shared by test modules: each module here is named for what it builds."""
