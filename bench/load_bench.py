@@ -48,7 +48,7 @@ def build_index(root: Path, passages: int) -> Path:
     from rag_core.storage import Store
     from rag_core.wiki.dumps import DumpSource, iter_pages
     from rag_core.wiki.passages import passages_from_pages
-    from tests.passagefiles import publish_passages
+    from tests.helpers.passagefiles import publish_passages
 
     store = Store(str(root / "store"))
     table = passages_from_pages(iter_pages(DumpSource(str(SAMPLE))))[0].slice(0, passages)

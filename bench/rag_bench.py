@@ -98,7 +98,7 @@ def index_version(passages: int):
     from rag_core.index.build import build_version
     from rag_core.index.embedding_files import EmbedConfig
     from rag_core.index.faiss_index import IndexConfig
-    from tests.passagefiles import publish_passages, sample_passages
+    from tests.helpers.passagefiles import publish_passages, sample_passages
 
     publish_passages(store, "sample", sample_passages().slice(0, passages))
     version = build_version(store, "sample", EmbedConfig(shards=1), IndexConfig(factory="Flat"))

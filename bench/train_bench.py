@@ -71,7 +71,7 @@ def build_inputs(root: Path, args, encoder):
     from rag_core.storage import Store
     from rag_core.train.cloze import ClozeConfig, cloze_examples
     from rag_core.train.examples import write_examples
-    from tests.passagefiles import publish_small_index, sample_passages
+    from tests.helpers.passagefiles import publish_small_index, sample_passages
 
     store = Store(str(root / "store"))
     passages = sample_passages().slice(0, args.passages)

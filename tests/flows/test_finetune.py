@@ -17,9 +17,9 @@ from rag_core.index.retention import holders
 from rag_core.storage import Store
 from runtime.process_groups import die_with_parent
 from tests.conftest import SHARED_DATA
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 ROOT = Path(__file__).resolve().parents[2]
 NQ_DEV = SHARED_DATA / "qa" / "nq_open" / "NQ-open.dev.jsonl"

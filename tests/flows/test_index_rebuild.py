@@ -29,8 +29,8 @@ from runtime.dask_runner import dask_runner
 from runtime.process_groups import die_with_parent
 from runtime.settings import Settings, StoreAccess
 from tests.conftest import SAMPLE_BZ2, S3Server
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
 from tests.helpers.pages import QUESTIONS, page_rows, write_dump
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from rag_core.wiki.passages import passages_from_pages
 from runtime.dask_runner import dask_runner
 from runtime.settings import StoreAccess
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2, S3Server
-from tests.dumpfiles import page_xml, write_multistream
+from tests.helpers.dumpfiles import page_xml, write_multistream
 
 pytestmark = pytest.mark.slow
 

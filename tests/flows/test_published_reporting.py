@@ -26,10 +26,10 @@ from rag_core.index.versions import latest_version, list_versions, read_index_ma
 from rag_core.storage import Store
 from runtime.settings import Settings
 from tests.conftest import S3Server
-from tests.encoderfiles import save_tiny_bert
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 from tests.helpers.processes import REPO
 from tests.helpers.wikirag_runs import Busy503Proxy, Run, sample_dump
-from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.slow
 MANIFEST_PUT = re.compile(r".*/indexes/([^/]+)/manifest\.json")

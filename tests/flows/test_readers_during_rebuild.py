@@ -25,9 +25,9 @@ from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
-from tests.encoderfiles import save_tiny_bert
+from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.pages import QUESTIONS, page_rows, write_dump
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from runtime.settings import StoreAccess
 from tasks.adapters.mlflow_registry import CHAMPION, PREVIOUS_TAG, REFRESHED_FROM_TAG, model_name, pin_name, rollback
 from tasks.evaluation import load_registered_model
 from tasks.index_events import INDEX_PUBLISHED, announce_published
-from tests.refreshfiles import NEW_FACT, register_trained, two_versions
+from tests.helpers.refreshfiles import NEW_FACT, register_trained, two_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 # The refresh deployment's trigger, as prefect.yaml declares it (`prefect deploy` validates and creates it the same way)

@@ -20,7 +20,7 @@ import s3fs
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
-from tests.encoderfiles import save_tiny_bert
+from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.pages import page_rows, write_dump
 
 pytestmark = pytest.mark.slow

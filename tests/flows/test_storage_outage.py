@@ -37,10 +37,10 @@ from rag_core.storage import S3FS_TRIES, Store, StoreUnreachableError
 from runtime.process_groups import die_with_parent
 from runtime.settings import Settings, retry_window_s
 from tests.conftest import S3Server, SeaweedFS
-from tests.encoderfiles import save_tiny_bert
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 from tests.helpers.processes import REPO
 from tests.helpers.wikirag_runs import Busy503Proxy, Run, sample_dump
-from tests.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.slow
 RECORD = re.compile(r"embeddings/[^/]+/[^/]+/rows-[^/]+\.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bz2
 from pathlib import Path
 
-from tests.dumpfiles import page_xml
+from tests.helpers.dumpfiles import page_xml
 
 NS = "http://www.mediawiki.org/xml/export-0.10/"
 

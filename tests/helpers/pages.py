@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.dumpfiles import page_xml, write_multistream
+from tests.helpers.dumpfiles import page_xml, write_multistream
 
 
 QUESTIONS = ["What is anarchism?", "Who was the teacher of Alexander the Great?", "What is the capital of Alabama?"]

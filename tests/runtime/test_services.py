@@ -287,9 +287,9 @@ def test_services_run_the_deployments_on_real_engines(services: Services, wiki: 
     # tests/flows/test_finetune.py)
     from rag_core.index.encoders import Encoder, EncoderConfig
     from rag_core.storage import Store
-    from tests.encoderfiles import save_tiny_bert
-    from tests.generatorfiles import save_tiny_llama
-    from tests.passagefiles import publish_small_index, sample_passages
+    from tests.helpers.encoderfiles import save_tiny_bert
+    from tests.helpers.generatorfiles import save_tiny_llama
+    from tests.helpers.passagefiles import publish_small_index, sample_passages
 
     store = Store("s3://wikirag/store", {"key": env["AWS_ACCESS_KEY_ID"], "secret": SECRET,
                                          "endpoint_url": exports["AWS_ENDPOINT_URL"]})

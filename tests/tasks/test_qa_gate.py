@@ -21,9 +21,9 @@ from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, 
 from tasks.adapters.mlflow_tracking import tracked_run
 from tasks.qa_gate import QA_TASK, qa_answers, qa_gate, real_question_files
 from tasks.reports import gate_sentence
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 QA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "qa"
 

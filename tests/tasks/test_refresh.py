@@ -16,7 +16,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance
 from tasks.adapters.mlflow_registry import CHAMPION, PREVIOUS_TAG, RollbackError, model_name, pin_name, rollback
 from tasks.refresh import Champion, decide, skip_reason
-from tests.refreshfiles import NEW_FACT, TwoVersions, register_trained, two_versions
+from tests.helpers.refreshfiles import NEW_FACT, TwoVersions, register_trained, two_versions
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def test_cloze_answers_are_retrievable_from_a_real_index(wiki: Path, tmp_path: P
     from rag_core.wiki.dumps import DumpSource, iter_pages
     from rag_core.wiki.passages import passages_from_pages
     from tests.conftest import SAMPLE_BZ2
-    from tests.passagefiles import publish_small_index
+    from tests.helpers.passagefiles import publish_small_index
 
     passages = passages_from_pages(iter_pages(DumpSource(str(SAMPLE_BZ2))))[0].slice(0, 120)
     store = Store(str(tmp_path))

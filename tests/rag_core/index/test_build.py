@@ -23,8 +23,8 @@ from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import latest_version, list_versions, read_index_manifest, verify_version
 from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
-from tests.encoderfiles import CountingEncoder, tiny_encoder
-from tests.passagefiles import publish_passages, sample_passages
+from tests.helpers.encoderfiles import CountingEncoder, tiny_encoder
+from tests.helpers.passagefiles import publish_passages, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -23,8 +23,8 @@ from rag_core.index.encoders import Encoder, EncoderError
 from rag_core.index.incremental_embedding import embed_rows, load_reuse_table
 from rag_core.storage import Store
 from tests.conftest import S3Server
-from tests.encoderfiles import CountingEncoder, tiny_encoder
-from tests.passagefiles import sample_passages
+from tests.helpers.encoderfiles import CountingEncoder, tiny_encoder
+from tests.helpers.passagefiles import sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -77,8 +77,8 @@ def test_a_bad_latest_pointer_or_a_copied_manifest_is_a_clear_error(tmp_path: Pa
 @pytest.fixture(scope="module")
 def built(wiki: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A version built from 20 real passages by a tiny real BERT: its manifest names embedding files."""
-    from tests.encoderfiles import tiny_encoder
-    from tests.passagefiles import publish_small_index, sample_passages
+    from tests.helpers.encoderfiles import tiny_encoder
+    from tests.helpers.passagefiles import publish_small_index, sample_passages
 
     root = tmp_path_factory.mktemp("built")
     version = publish_small_index(Store(str(root / "store")), "d1", sample_passages().slice(0, 20),

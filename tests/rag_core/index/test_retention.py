@@ -25,8 +25,8 @@ from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import list_versions, publish_version, read_index_manifest, verify_version
 from rag_core.leases import take_lease
 from rag_core.storage import Store
-from tests.encoderfiles import tiny_encoder
-from tests.passagefiles import publish_passages, sample_passages
+from tests.helpers.encoderfiles import tiny_encoder
+from tests.helpers.passagefiles import publish_passages, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -24,8 +24,8 @@ from rag_core.index.tuning import tuning_queries
 from rag_core.index.version_names import INDEXES_DIR
 from rag_core.index.versions import read_index_manifest, verify_version
 from rag_core.storage import Store
-from tests.encoderfiles import tiny_encoder
-from tests.passagefiles import publish_passages, sample_passages
+from tests.helpers.encoderfiles import tiny_encoder
+from tests.helpers.passagefiles import publish_passages, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -18,9 +18,9 @@ from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.passages import passages_from_pages
 from tests.conftest import SAMPLE_BZ2
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_passages, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_passages, sample_passages
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -31,7 +31,7 @@ from rag_core.model.rag_model import (
     default_generator,
 )
 from rag_core.model.retriever import IndexRetriever
-from tests.encoderfiles import TOKENIZER_FILES, save_tiny_bert
+from tests.helpers.encoderfiles import TOKENIZER_FILES, save_tiny_bert
 from tests.helpers.rag_models import ANSWERS, QUESTIONS, TINY_GENERATOR, make_model
 
 

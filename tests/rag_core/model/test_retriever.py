@@ -16,8 +16,8 @@ from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize
 from rag_core.index.versions import publish_version
 from rag_core.model.retriever import IndexRetriever, RetrieverError
 from rag_core.storage import Store
-from tests.encoderfiles import save_tiny_bert
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

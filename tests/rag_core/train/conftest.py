@@ -11,9 +11,9 @@ from rag_core.model.generators import GeneratorConfig, default_generator
 from rag_core.storage import Store
 from rag_core.train.cloze import ClozeConfig, cloze_examples
 from rag_core.train.examples import write_examples
-from tests.encoderfiles import tiny_encoder
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import tiny_encoder
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 
 @pytest.fixture(scope="module")

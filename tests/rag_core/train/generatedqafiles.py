@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from rag_core.storage import Store
 from rag_core.train.generated_qa import candidate_pairs
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 
 def asked_passages() -> pa.Table:

@@ -25,7 +25,7 @@ from rag_core.train.generated_qa_reader import generator_reader, reader_agrees
 from rag_core.train.generated_qa_store import held_out, held_out_examples, index_search
 from rag_core.train.question_rules import RULE_NAMES, questions
 from rag_core.wiki.ingest import read_passages
-from tests.passagefiles import sample_passages
+from tests.helpers.passagefiles import sample_passages
 from tests.rag_core.train.generatedqafiles import publish_minilm_index
 
 # (sentence, rule, question, answer): each rule worked by hand on a sentence of the kind it is for.
@@ -219,7 +219,7 @@ def test_the_reader_agrees_when_it_gives_the_answer_back(answer: str, read: str,
 
 def test_a_reader_that_does_not_give_the_answer_back_drops_the_pair(index, tmp_path: Path, one_torch_thread) -> None:
     """A real (tiny, random) decoder-only generator reads each pair's best passage: it never says the answer."""
-    from tests.generatorfiles import save_tiny_llama
+    from tests.helpers.generatorfiles import save_tiny_llama
 
     store, search = index
     pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)[:12]

@@ -12,7 +12,7 @@ from rag_core.train.generated_qa import candidate_pairs
 from rag_core.train.question_rules import questions
 from rag_core.train.sentence_views import title_pronoun, views
 from rag_core.train.verb_forms import plain_form
-from tests.passagefiles import sample_passages
+from tests.helpers.passagefiles import sample_passages
 
 
 @pytest.mark.parametrize(("past", "plain"), [

@@ -24,7 +24,7 @@ from rag_core.wiki.dump_mirror import (
 from rag_core.wiki.dump_site import DumpSiteConfig, check_site, dump_date_of, read_status
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.multistream import iter_shard_pages, plan_shards, read_index
-from tests.dumpsite import DUMP, EDITED, INDEX, NEW, OLD, RUNNING, DumpSiteServer, file_name, serve_site, site_pages
+from tests.helpers.dumpsite import DUMP, EDITED, INDEX, NEW, OLD, RUNNING, DumpSiteServer, file_name, serve_site, site_pages
 
 PIECE = 16 << 10  # the enwiki dumps here are ~60-70 KB: a few pieces each
 

@@ -12,7 +12,7 @@ from rag_core.errors import DumpError
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.multistream import check_layout, iter_shard_pages, plan_shards, read_index, shard_streams
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2
-from tests.dumpfiles import export_xml, page_xml, write_multistream
+from tests.helpers.dumpfiles import export_xml, page_xml, write_multistream
 
 
 def _reference_pages(xml_bytes: bytes) -> list[tuple[int, str, int, int]]:

@@ -18,8 +18,8 @@ from rag_core.wiki import multistream
 from rag_core.wiki.dumps import DumpSource, PageTooLargeError, iter_pages
 from rag_core.wiki.multistream import iter_shard_pages, max_compressed, plan_shards, read_index
 from tests.conftest import SAMPLE_BZ2
-from tests.dumpfiles import page_xml
 from tests.helpers.dump_bombs import write_bomb_dump
+from tests.helpers.dumpfiles import page_xml
 
 NS = "http://www.mediawiki.org/xml/export-0.10/"
 

@@ -13,7 +13,7 @@ from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.multistream import iter_shard_pages, plan_shards, read_index
 from rag_core.wiki.passages import PASSAGE_SCHEMA, passages_from_pages, windows
 from tests.conftest import MULTISTREAM, MULTISTREAM_INDEX, SAMPLE_BZ2
-from tests.dumpfiles import export_xml, page_xml
+from tests.helpers.dumpfiles import export_xml, page_xml
 
 
 def test_windows_are_disjoint_and_cover_every_word() -> None:

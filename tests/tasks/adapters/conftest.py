@@ -11,9 +11,9 @@ from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
 from rag_core.model.retriever import IndexRetriever
 from rag_core.storage import Store
-from tests.encoderfiles import save_tiny_bert
-from tests.generatorfiles import save_tiny_llama
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.generatorfiles import save_tiny_llama
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 
 
 @pytest.fixture(scope="module")

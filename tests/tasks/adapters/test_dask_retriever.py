@@ -17,8 +17,8 @@ from rag_core.index.versions import ShardPayload, publish_version, read_manifest
 from rag_core.model.retriever import IndexRetriever, RetrieverError
 from rag_core.storage import Store
 from tasks.adapters.dask_retriever import DaskRetriever
-from tests.encoderfiles import tiny_encoder
-from tests.passagefiles import publish_small_index, sample_passages
+from tests.helpers.encoderfiles import tiny_encoder
+from tests.helpers.passagefiles import publish_small_index, sample_passages
 from tests.tasks.conftest import held_after_release, shard_keys
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

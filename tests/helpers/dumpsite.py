@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tests.dumpfiles import page_xml, write_multistream
+from tests.helpers.dumpfiles import page_xml, write_multistream
 
 OLD, NEW, RUNNING = "20261101", "20261120", "20261201"
 DUMP = "pages-articles-multistream.xml.bz2"

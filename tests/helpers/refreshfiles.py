@@ -48,9 +48,9 @@ def two_versions(root: Path, n_dev: int = 6) -> TwoVersions:
     from rag_core.model.retriever import IndexRetriever
     from rag_core.train.cloze import ClozeConfig, cloze_examples
     from rag_core.train.examples import write_examples
-    from tests.encoderfiles import save_tiny_bert
-    from tests.generatorfiles import save_tiny_llama
-    from tests.passagefiles import publish_small_index, sample_passages
+    from tests.helpers.encoderfiles import save_tiny_bert
+    from tests.helpers.generatorfiles import save_tiny_llama
+    from tests.helpers.passagefiles import publish_small_index, sample_passages
 
     passages = sample_passages().slice(0, 160)
     drawn = cloze_examples(passages, ClozeConfig(seed=0))
