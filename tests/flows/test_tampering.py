@@ -132,7 +132,7 @@ UNSAFE = re.compile(r"pickle\.loads?\(|torch\.load\(|trust_remote_code\s*=\s*Tru
 # entry point MLflow calls, may speak of them.
 MODEL_CODE = re.compile(r"pyfunc\.load_model|pyfunc import .*load_model|code_model|python_model\s*=|"
                         r"models\.set_model|PythonModel")
-FLAVOR = REPO / "tasks" / "mlflow_flavor.py"
+FLAVOR = REPO / "tasks" / "adapters" / "mlflow_flavor.py"
 
 
 def test_nothing_read_from_the_store_is_unpickled_or_executed() -> None:
