@@ -28,6 +28,7 @@ from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
 from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
+from runtime.stop_signals import raise_if_stopped
 from tasks.index import (
     build_index_shard,
     embed_passages,
@@ -95,6 +96,7 @@ def index_rebuild(
         index_gates = enforce_index_gate(target, plan, "index", gate_index(plan, built))
 
         gates = {**embed_gates, **index_gates}
+        raise_if_stopped()  # nothing is published after a stop signal, wherever its exception went
         version = publish_index(target, plan, built, gates)
     summarize_index(plan, embedded, built, version, gates)
     announce_published(version, target.url, plan.dump_id)

@@ -55,3 +55,21 @@ def received() -> int | None:
             while data := os.read(_read_fd, 512):
                 _received.extend(data)
     return next((s for s in _received if s in STOP_SIGNALS), None)
+
+
+class StopRequested(Exception):
+    """A stop signal reached the command but its handler's exception was lost on the way (module docstring)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`StopRequested` if a stop signal has reached the process while recording.
+
+    Called where a stop must not be outrun: between a stage's shard runs, and before anything is published, so a
+    signal whose exception library code swallowed (a future's wait that returns it as an outcome) still stops the
+    command before it publishes."""
+    if (signum := received()) is not None:
+        raise StopRequested(signum)

@@ -16,12 +16,15 @@ from typing import Any
 from prefect.futures import PrefectFuture, PrefectWrappedFuture, as_completed
 
 from rag_core.storage import StoreUnreachableError
+from runtime.stop_signals import raise_if_stopped
 
 
 def wait_for_shards(runs: Sequence[PrefectFuture[Any]]) -> None:
-    """Wait until every run is finished; the first one that found the store unreachable cancels the rest and raises."""
+    """Wait until every run is finished; the first one that found the store unreachable cancels the rest and raises,
+    as does a stop signal (:func:`runtime.stop_signals.raise_if_stopped`)."""
     for run in as_completed(list(runs)):
         outcome = run.result(raise_on_failure=False)
+        raise_if_stopped()  # a stop whose exception the wait turned into this outcome still stops the stage
         if isinstance(outcome, StoreUnreachableError):
             for other in runs:
                 if isinstance(other, PrefectWrappedFuture) and other is not run:
