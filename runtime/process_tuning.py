@@ -34,6 +34,11 @@ runs real commands with the switch on and off, side by side.
   checks the schema at each start and migrates what is missing, so a template
   can only save time; one a server fails to start from is removed.
 
+Every Dask worker process runs :func:`start_process` as it starts and :func:`freeze_before_exit` as it closes:
+a command's local cluster preloads runtime.local_cluster, and the ``dask worker`` of ``wikirag services``,
+infra/*.sh, compose and Kubernetes preloads this module (``--preload runtime.process_tuning``,
+runtime/service_specs.py), through Dask's preload hooks :func:`dask_setup` and :func:`dask_teardown`.
+
 A read-only command that failed ends with ``os._exit`` after its one-line
 error, whatever the switch says (:func:`end_command`): that is no tuning but
 its exit status, which a native library's thread (FAISS, Arrow) could turn

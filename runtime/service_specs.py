@@ -13,7 +13,7 @@ and compares.
 | ``prefect`` | ``prefect server start`` with basic auth | ``prefect_port`` | ``GET /api/health`` |
 | ``worker`` | ``prefect worker start`` on the ``wikirag-process`` pool | | |
 | ``dask`` | ``dask scheduler`` over TLS, encryption required | ``dask_port``, ``dask_dashboard_port`` | TCP |
-| ``dask-workers`` | ``dask worker``, one thread each, over TLS | | |
+| ``dask-workers`` | ``dask worker``, one thread each, over TLS, preloading runtime.process_tuning | | |
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from runtime.service_credentials import MLFLOW_BUCKET, ServicesError, TlsFiles
 WORK_POOL = "wikirag-process"
 GRPC_OFFSET = 10_000  # SeaweedFS serves gRPC this far above each HTTP port
 _REQUIRE_TLS = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
+# Each worker process imports it and runs its dask_setup (start_process) as a command's local cluster does; it
+# reads WIKIRAG_PROCESS_TUNING and WIKIRAG_PERF from the worker's own environment.
+WORKER_PRELOAD = "runtime.process_tuning"
 
 
 class ServicePorts(BaseSettings):
@@ -188,7 +191,7 @@ def _dask_scheduler(at: Placement) -> list[str]:
 def _dask_workers(at: Placement) -> list[str]:
     return [*_program(at, "dask"), "worker", at.url("dask"), "--host", at.bind, "--protocol", "tls",
             *TlsFiles(Path(at.tls)).cli_args(), "--nworkers", at.dask_workers, "--nthreads", "1",
-            "--dashboard-address", f"{at.bind}:0", *at.dask_worker_options]
+            "--dashboard-address", f"{at.bind}:0", "--preload", WORKER_PRELOAD, *at.dask_worker_options]
 
 
 _STORE_IDENTITY = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,87 @@ def test_dask_workers_keep_dasks_own_malloc_setting_only_when_tuning_is_off(swit
     assert process_tuning.worker_environment(environ) == {"A": "1", **process_tuning.NANNY_ENVIRONMENT}
     switched(process_tuning=False)
     assert process_tuning.worker_environment(environ) == environ
+
+
+_WORKER_STATE = """
+import json, os
+from distributed import Client
+
+def state():
+    from rag_core import perf
+    from runtime import process_tuning
+    started = process_tuning._started  # set by the preload's dask_setup, not by this function
+    return {"pid": os.getpid(), "started": started and started.model_dump(), "perf": perf.enabled(),
+            "malloc_tuned": process_tuning.keep_freed_memory.cache_info().currsize == 1
+                            and process_tuning.keep_freed_memory(),
+            "trim": os.environ.get("MALLOC_TRIM_THRESHOLD_")}
+
+with Client(os.environ["WIKIRAG_DASK_ADDRESS"], timeout=30) as client:
+    client.wait_for_workers(1, timeout=90)
+    print(json.dumps(list(client.run(state).values())))
+"""
+
+
+def _free_ports(count: int) -> list[int]:
+    """Free ports on 127.0.0.1 in 15000-15999: below the ephemeral range, apart from the other tests' blocks."""
+    import socket
+
+    found = []
+    for port in range(15_000 + os.getpid() % 100 * 9, 16_000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError("no free ports in 15000-15999")
+
+
+def _service_worker_state(home: Path, switches: dict[str, str]) -> list[dict]:
+    """Start the Dask scheduler and one worker as ``wikirag services`` and infra/dask-cluster.sh do (their
+    definition, runtime/service_specs.py) with ``switches`` in the environment; what each worker process reports."""
+    from runtime.process_groups import stop_process_group
+    from runtime.service_health import answers
+    from runtime.service_specs import SPECS
+
+    port, dashboard = _free_ports(2)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "WIKIRAG_", "DASK_"))}
+    env = {**base, **switches, "WIKIRAG_HOME": str(home), "WIKIRAG_DASK_PORT": str(port),
+           "WIKIRAG_DASK_DASHBOARD_PORT": str(dashboard), "WIKIRAG_DASK_WORKERS": "1", "PYTHONPATH": str(REPO)}
+    home.mkdir(parents=True)
+    started = []
+    try:
+        for name in ("dask", "dask-workers"):
+            with (home / f"{name}.log").open("wb") as log:
+                started.append(subprocess.Popen([sys.executable, "-m", "runtime.services", "run", name], env=env,
+                                                cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True))
+            deadline = time.monotonic() + 60
+            while name == "dask" and not answers(SPECS["dask"].health, port):
+                assert started[-1].poll() is None and time.monotonic() < deadline, (home / "dask.log").read_text()
+                time.sleep(0.3)
+        exports = subprocess.run([sys.executable, "-m", "runtime.services", "env"], env=env, capture_output=True,
+                                 text=True, check=True, timeout=60).stdout
+        client_env = {**env, **dict(line.removeprefix("export ").split("=", 1) for line in exports.splitlines())}
+        out = subprocess.run([sys.executable, "-c", _WORKER_STATE], env=client_env, cwd=home, capture_output=True,
+                             text=True, timeout=180)
+        assert out.returncode == 0, out.stderr[-2000:] + (home / "dask-workers.log").read_text()[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        for proc in reversed(started):
+            stop_process_group(proc.pid)
+
+
+def test_workers_of_the_services_start_as_every_wikirag_process_and_honour_the_switches(tmp_path: Path) -> None:
+    """`dask worker` of runtime/service_specs.py preloads runtime.process_tuning: its dask_setup runs start_process
+    in each worker process, reading the switches from the worker's own environment."""
+    (tuned,) = _service_worker_state(tmp_path / "on", {})
+    assert tuned["started"] == {"perf": True, "process_tuning": True}, tuned
+    assert tuned["perf"] and tuned["malloc_tuned"] and tuned["trim"] is None, tuned
+    (plain,) = _service_worker_state(tmp_path / "off", {"WIKIRAG_PROCESS_TUNING": "off", "WIKIRAG_PERF": "off"})
+    assert plain["started"] == {"perf": False, "process_tuning": False}, plain
+    # glibc's and Dask's own defaults: no mallopt, and the nanny's MALLOC_TRIM_THRESHOLD_ left in place
+    assert not plain["perf"] and not plain["malloc_tuned"], plain
+    assert plain["trim"] == process_tuning.DASK_TRIM_DEFAULT, plain
