@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from rag_core.train.cloze import ClozeConfig
 from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
-from tasks.adapters.mlflow_tracking import close_run, open_run
+from tasks.adapters.mlflow_tracking import close_run, closing_run, open_run
 from tasks.dataset_quality import gate_predictions
 from tasks.evaluation import evaluate, load_examples, load_registered_model, record_evaluation
 from tasks.finetune import cloze_files
@@ -55,15 +55,10 @@ def evaluate_registered(model_uri: str, task_kind: str, dev: str | None, trackin
         _, dev = cloze_files(store.store(), model.trained_index_version, ClozeConfig())
     examples = load_examples(task_kind, dev, store.options(dev))
     run_id = start_run(tracking_uri, task_kind, model_uri, model, closed_book)
-    try:
+    with closing_run(tracking_uri, run_id, finish_run):
         evaluation = evaluate(model, examples, closed_book=closed_book)
         gate_predictions(task_kind, examples, evaluation.predictions)
-        metrics = record_evaluation(tracking_uri, run_id, evaluation)
-    except BaseException:
-        finish_run(tracking_uri, run_id, failed=True)
-        raise
-    finish_run(tracking_uri, run_id)
-    return metrics
+        return record_evaluation(tracking_uri, run_id, evaluation)
 
 
 @flow(name="evaluate-deployment", validate_parameters=True)

@@ -5,8 +5,11 @@ index version (LATEST by default) -> each ``wikirag-*`` champion (or the one nam
 questions, those whose gold passage changed set apart -> the champion scored on the rest against
 the version it is bound to and against the new one -> within ``tolerance`` points: a new version
 bound to the new index, pinned, becomes champion; otherwise the binding stays -> both scores, the
-changed questions and the decision in one MLflow run. The ``refresh`` deployment runs it when the
-index-rebuild flow announces a publish (the ``wikirag.index.published`` event, tasks/index_events.py).
+changed questions and the decision in one MLflow run. The version's change report (pages added, changed and
+removed, passages re-embedded vs reused, each champion's changed gold passages and answers:
+tasks/change_reports.py) becomes a Prefect artifact and an MLflow run of its own. The ``refresh`` deployment
+runs it when the index-rebuild flow announces a publish (the ``wikirag.index.published`` event,
+tasks/index_events.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from rag_core.index.version_names import IndexVersionError
 from rag_core.index.versions import latest_version
 from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
-from tasks.adapters.mlflow_tracking import MlflowRunLogger, open_run
+from tasks.adapters.mlflow_tracking import MlflowRunLogger, closing_run, open_run
+from tasks.change_reports import publish_change_report, version_report
 from tasks.dataset_quality import gate_predictions
 from tasks.evaluation import evaluate, load_examples, record_evaluation
 from tasks.refresh import (
@@ -26,6 +30,7 @@ from tasks.refresh import (
     Champion,
     RefreshDecision,
     champions,
+    changed_answers,
     changed_questions,
     compare_gold,
     decide,
@@ -78,11 +83,12 @@ def refresh_model(champion: Champion, new_index: str, tolerance: float, tracking
     bound_model = load_model(model_uri, tracking_uri, None)
     new_model = load_model(model_uri, tracking_uri, new_index)
     run_id = start_run(tracking_uri, champion, new_index)
-    try:
+    with closing_run(tracking_uri, run_id, finish_run):
         old_answers = evaluate(bound_model, diff.left_out) if diff.left_out else None
         new_answers = evaluate(new_model, diff.left_out) if diff.left_out else None
         decision.changed = changed_questions(diff, old_answers, new_answers)
         decision.compared, decision.unidentified, decision.run_id = len(diff.kept), len(diff.unidentified), run_id
+        bound = new = None
         if diff.kept:
             bound = evaluate(bound_model, diff.kept)
             new = evaluate(new_model, diff.kept)
@@ -91,6 +97,7 @@ def refresh_model(champion: Champion, new_index: str, tolerance: float, tracking
             record_evaluation(tracking_uri, run_id, new, prefix="new")
             decision.metric, decision.bound_value = score_of(bound, champion.metric)
             decision.new_value = score_of(new, champion.metric)[1]
+        decision.answers = changed_answers(diff, bound, new, old_answers, new_answers)
         decision.rebound, decision.reason = decide(decision.metric, decision.bound_value or 0.0,
                                                    decision.new_value or 0.0, tolerance, champion.index_version,
                                                    new_index, len(diff.kept))
@@ -98,10 +105,6 @@ def refresh_model(champion: Champion, new_index: str, tolerance: float, tracking
             decision.new_version = rebind(tracking_uri, run_id, new_model, champion, target, new_index,
                                           decision.metric, decision.new_value, decision.reason).version
         record_refresh(tracking_uri, run_id, decision)
-    except BaseException:
-        finish_run(tracking_uri, run_id, failed=True)
-        raise
-    finish_run(tracking_uri, run_id)
     return decision
 
 
@@ -110,7 +113,10 @@ def refresh(tracking_uri: str, store: StoreAccess, model: str | None = None, tol
             index_version: str | None = None) -> list[RefreshDecision]:
     """Each registered champion (or ``model``'s) against ``index_version`` (default LATEST); one decision each."""
     new_index = new_index_version(store, index_version)
-    return [refresh_model(c, new_index, tolerance, tracking_uri, store) for c in champions(tracking_uri, model)]
+    report = version_report(store.store(), new_index)
+    decisions = [refresh_model(c, new_index, tolerance, tracking_uri, store) for c in champions(tracking_uri, model)]
+    publish_change_report(tracking_uri, report, decisions)
+    return decisions
 
 
 @flow(name="refresh-deployment", validate_parameters=True)

@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from rag_core.errors import WikiragError
+from rag_core.evaluate.change_report import AnswerChange, answer_changes
 from rag_core.evaluate.gold_passages import GoldDiff, gold_diff, named_pages, page_texts
 from rag_core.evaluate.predictions import Evaluation
 from rag_core.evaluate.refresh_policy import TOLERANCE_POINTS
@@ -85,6 +86,7 @@ class RefreshDecision(BaseModel):
     compared: int = 0  # dev questions scored on both versions
     unidentified: int = 0  # of those, questions that name no gold passage or page
     changed: list[ChangedQuestion] = Field(default_factory=list)
+    answers: list[AnswerChange] = Field(default_factory=list)  # dev questions answered differently on new_index
     new_version: str | None = None  # the version registered bound to the new index
     run_id: str | None = None
 
@@ -169,6 +171,19 @@ def changed_questions(diff: GoldDiff, old: Evaluation | None, new: Evaluation | 
                             new_answer=answers["new"].get(c.example_id, "")) for c in diff.changed]
 
 
+def changed_answers(diff: GoldDiff, bound: Evaluation | None, new: Evaluation | None, old_left_out: Evaluation | None,
+                    new_left_out: Evaluation | None) -> list[AnswerChange]:
+    """Every dev question the champion answers differently on the new version: those compared (``bound`` vs
+    ``new``) and those whose gold passage changed (``old_left_out`` vs ``new_left_out``)."""
+    examples = [*diff.kept, *diff.left_out]
+    questions, targets = {e.id: e.input for e in examples}, {e.id: e.targets for e in examples}
+    out = []
+    for before, after, gold in ((bound, new, ()), (old_left_out, new_left_out, [c.example_id for c in diff.changed])):
+        if before is not None and after is not None:
+            out += answer_changes(before.predictions, after.predictions, questions, targets, gold)
+    return out
+
+
 @task
 def record_refresh(tracking_uri: str, run_id: str, decision: RefreshDecision) -> None:
     """The decision's numbers as metrics, its reason as the run's ``refresh`` tag, the whole as ``refresh.json``."""
@@ -176,6 +191,7 @@ def record_refresh(tracking_uri: str, run_id: str, decision: RefreshDecision) ->
     logger.log_metrics({"refresh_rebound": float(decision.rebound), "refresh_compared": decision.compared,
                         "refresh_changed_gold": len(decision.changed),
                         "refresh_unidentified_gold": decision.unidentified,
+                        "refresh_answers_changed": len(decision.answers),
                         "refresh_tolerance_points": decision.tolerance})
     logger.set_tags({"refresh": decision.reason, "refresh.rebound": str(decision.rebound).lower()})
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,13 +125,8 @@ def tracked_run(tracking_uri: str, experiment: str, run_name: str,
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = experiment_id(client, experiment, tracking_uri)
     run = client.create_run(exp, run_name=run_name, tags=dict(tags or {}))
-    logger = MlflowRunLogger(client, run.info.run_id)
-    try:
-        yield logger
-    except BaseException:
-        client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.FAILED))
-        raise
-    client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.FINISHED))
+    with closing_run(tracking_uri, run.info.run_id):
+        yield MlflowRunLogger(client, run.info.run_id)
 
 
 def open_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str] | None = None) -> str:
@@ -145,3 +140,15 @@ def open_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[st
 def close_run(tracking_uri: str, run_id: str, *, failed: bool = False) -> None:
     status = RunStatus.FAILED if failed else RunStatus.FINISHED
     MlflowClient(tracking_uri=tracking_uri).set_terminated(run_id, status=RunStatus.to_string(status))
+
+
+@contextlib.contextmanager
+def closing_run(tracking_uri: str, run_id: str, close: Callable[..., None] = close_run) -> Iterator[None]:
+    """The block's work in the open run ``run_id``, which ``close`` ends FINISHED after it, or FAILED when the block
+    raises (also on KeyboardInterrupt). A flow passes its closing task, so that the close is a task run of its own."""
+    try:
+        yield
+    except BaseException:
+        close(tracking_uri, run_id, failed=True)
+        raise
+    close(tracking_uri, run_id)

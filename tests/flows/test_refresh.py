@@ -14,9 +14,14 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
 from rag_core.index.retention import version_pins
+from rag_core.wiki.ingest import read_passages
 from runtime.settings import StoreAccess
 from tasks.adapters.mlflow_registry import CHAMPION, PREVIOUS_TAG, REFRESHED_FROM_TAG, model_name, pin_name, rollback
+from tasks.change_reports import EXPERIMENT, artifact_key
 from tasks.evaluation import load_registered_model
 from tasks.index_events import INDEX_PUBLISHED, announce_published
 from tests.helpers.refreshfiles import NEW_FACT, register_trained, two_versions
@@ -72,6 +77,29 @@ def test_refresh_rebinds_within_tolerance_rollback_restores_and_beyond_tolerance
     recorded = json.loads(Path(client.download_artifacts(decision.run_id, "refresh.json", str(tmp_path))).read_text())
     assert recorded["changed"][0]["new_passage"] == changed.new_passage and recorded["rebound"] is True
 
+    # the change report: the edited page, the one passage encoded again, the changed question's answers
+    changes = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
+                                 f"tags.`wikirag.index_version` = '{versions.new}'")
+    assert len(changes) == 1 and changes[0].data.tags[f"refresh_run.{name}"] == decision.run_id
+    counts = changes[0].data.metrics
+    edited_title = versions.dev[0].provenance[0].title
+    old_texts = {r["text"] for r in read_passages(versions.store, "d1").to_pylist()}
+    fresh = [r for r in read_passages(versions.store, "d2").to_pylist() if r["text"] not in old_texts]
+    assert (counts["pages_added"], counts["pages_changed"], counts["pages_removed"]) == (0, 1, 0)
+    assert (counts["passages_encoded"], counts["passages_reused"]) == (len(fresh), counts["passages"] - len(fresh))
+    assert counts["dev_gold_changed"] == 1 and counts["dev_answers_changed"] == len(decision.answers)
+    report = json.loads(Path(client.download_artifacts(changes[0].info.run_id, "change_report.json",
+                                                       str(tmp_path / "report"))).read_text())
+    assert report["pages"]["changed"] == [edited_title] and report["previous"] == versions.old
+    [model] = report["models"]
+    assert model["changed_gold"] == [changed.id] and model["rebound"] is True
+    assert all(a["old_answer"] != a["new_answer"] for a in model["answers"])
+    assert {a["id"] for a in model["answers"] if a["gold_changed"]} <= {changed.id}
+    with get_client(sync_client=True) as prefect:
+        [artifact] = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[artifact_key(versions.new)])))
+    assert f"Changed: {edited_title}." in artifact.data and "| 0 | 1 | 0 |" in artifact.data
+
     done = rollback(uri, name, lambda url: versions.store)
     assert (done.from_version, done.to_version) == ("2", "1")
     assert load_registered_model(f"models:/{name}@{CHAMPION}", uri).index_version == versions.old
@@ -93,7 +121,6 @@ def test_refresh_rebinds_within_tolerance_rollback_restores_and_beyond_tolerance
 @pytest.mark.slow
 def test_a_published_event_reaches_the_server_and_triggers_the_refresh_deployment(prefect_server: str) -> None:
     from prefect import flow
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.events import DeploymentTriggerTypes
     from prefect.events.filters import EventFilter, EventIDFilter, EventNameFilter
