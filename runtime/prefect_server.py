@@ -15,7 +15,6 @@ process tuning, off with ``WIKIRAG_PROCESS_TUNING=off``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -30,6 +29,8 @@ from pathlib import Path
 from rag_core.errors import WikiragError
 from runtime import process_tuning
 from runtime.process_groups import die_with_parent, stop_process_group
+from runtime.service_records import (asks_credentials, read_record, remove_record, still_running, workspace_of,
+                                     write_record)
 from runtime.service_specs import SPECS, Placement, ServicePorts
 
 log = logging.getLogger("wikirag.prefect")
@@ -139,40 +140,48 @@ def _launch(prefect_home: Path, port: int, ui: bool, startup_timeout: float,
     return proc, url
 
 
-def _record(prefect_home: Path) -> Path:
-    return prefect_home / "server.json"
+def _workspace_record(prefect_home: Path) -> dict | None:
+    """The record of the workspace's Prefect server (``wikirag server start`` or ``wikirag services up``) while
+    the recorded process runs it and it answers."""
+    record = read_record(workspace_of(prefect_home), "prefect")
+    if record is None or not still_running(record) or not _healthy(record["url"]):
+        return None
+    return record
 
 
 def workspace_server(prefect_home: Path) -> str | None:
-    """URL of the workspace's persistent server (``wikirag server start``) when it is up."""
-    record = _record(prefect_home)
-    if not record.exists():
-        return None
-    info = json.loads(record.read_text())
-    return info["url"] if _healthy(info["url"]) else None
+    """URL of the workspace's persistent server when it is up: started by ``wikirag server start`` or by
+    ``wikirag services up`` (one record, runtime/service_records.py)."""
+    record = _workspace_record(prefect_home)
+    return record["url"] if record else None
 
 
 def start_workspace_server(prefect_home: Path, port: int = ServicePorts.model_fields["prefect_port"].default,
                            startup_timeout: float = 90.0) -> str:
-    """Start a persistent server (with its UI) that later commands of this workspace reuse."""
+    """Start a persistent server (with its UI) that later commands of this workspace reuse; the one running
+    already, whoever started it, when there is one."""
     running = workspace_server(prefect_home)
     if running:
         return running
-    proc, url = _launch(prefect_home, port or _free_port(), ui=True, startup_timeout=startup_timeout, persistent=True)
-    _record(prefect_home).write_text(json.dumps({"pid": proc.pid, "url": url}))
+    port = port or _free_port()
+    proc, url = _launch(prefect_home, port, ui=True, startup_timeout=startup_timeout, persistent=True)
+    write_record(workspace_of(prefect_home), {
+        "name": "prefect", "pid": proc.pid, "argv": proc.args, "url": url, "ports": [port],
+        "log": str(prefect_home / "server.log"), "started": time.time(), "asks_credentials": False})
     return url
 
 
 def stop_workspace_server(prefect_home: Path) -> bool:
-    """Stop the workspace's persistent server; False when none was recorded."""
-    record = _record(prefect_home)
-    if not record.exists():
+    """Stop the workspace's persistent server, whoever started it, by its recorded pid once that pid is seen to
+    still run the recorded command; False when none runs."""
+    home = workspace_of(prefect_home)
+    record = read_record(home, "prefect")
+    if record is None:
         return False
-    info = json.loads(record.read_text())
-    record.unlink()
-    if not _healthy(info["url"]):
+    remove_record(home, "prefect")
+    if not still_running(record):
         return False  # gone already; its pid may belong to another process by now
-    stop_process_group(info["pid"])
+    stop_process_group(record["pid"])
     return True
 
 
@@ -185,7 +194,13 @@ def prefect_api(prefect_home: Path, startup_timeout: float = 90.0,
     one takes 10-25 s on 2 cores, about half that from the database template), so that work which needs no API overlaps
     the wait.
     """
-    configured = os.environ.get("PREFECT_API_URL") or workspace_server(prefect_home)
+    configured = os.environ.get("PREFECT_API_URL")
+    if not configured and (record := _workspace_record(prefect_home)):
+        if asks_credentials(record) and not os.environ.get("PREFECT_API_AUTH_STRING"):
+            raise WikiragError(f"the workspace's Prefect server at {record['url']} (`wikirag services up`) asks "
+                               "for credentials: export PREFECT_API_AUTH_STRING as given to `wikirag services up` "
+                               "(and eval \"$(wikirag services env)\")")
+        configured = record["url"]
     if configured:
         os.environ["PREFECT_API_URL"] = configured
         if meanwhile is not None:

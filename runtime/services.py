@@ -15,11 +15,14 @@ worker and the dask workers):
 | ``dask-workers`` | ``dask worker --nworkers N --nthreads 1`` over TLS | |
 
 Each runs in a process group of its own and outlives the command; a JSON
-record per service under ``<home>/services/`` says what runs where, and
-``down`` stops exactly those process groups (after checking that the pid
-still runs the command it recorded). ``up`` is idempotent: a healthy service
-is kept. A start that fails stops what this call started: nothing is left
-half-up. Every engine asks for credentials (runtime/service_credentials.py):
+record per service under ``<home>/services/`` says what runs where
+(runtime/service_records.py), and ``down`` stops exactly those process groups
+(after checking that the pid still runs the command it recorded). The Prefect
+server of ``wikirag server start`` writes the same record: ``status`` shows it
+and ``down`` stops it, while ``up`` refuses to adopt it (it asks for no
+credentials). ``up NAME...`` starts those services and the ones they need.
+``up`` is idempotent: a healthy service is kept. A start that fails stops what
+this call started: nothing is left half-up. Every engine asks for credentials (runtime/service_credentials.py):
 they come from the environment of ``up`` and live only in the processes'
 environments (SeaweedFS's identities in a file in memory); no argv, record,
 log line or printed line holds them. Dask's certificates are issued by ``up``
@@ -29,7 +32,6 @@ into ``<home>/services/tls`` (keys 0600).
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import secrets
@@ -46,6 +48,8 @@ from runtime.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCre
                                        exec_seaweedfs, memory_file)
 from runtime.service_health import (answers, bucket_ready, dask_workers_up, mlflow_accepts, port_free,
                                     workers_online)
+from runtime.service_records import (asks_credentials, read_record, remove_record, still_running,
+                                     write_record)
 from runtime.service_specs import SPECS, WORK_POOL, Placement, ServicePorts, listening_ports, spec
 
 log = logging.getLogger("wikirag.services")
@@ -153,37 +157,7 @@ def plan_services(home: Path, ports: ServicePorts, creds: ServiceCredentials, re
             for d in map(spec, ORDER) if d.name in names]
 
 
-# -- records and process groups ---------------------------------------------------------
-def _record_path(home: Path, name: str) -> Path:
-    return home / "services" / f"{name}.json"
-
-
-def _read_record(home: Path, name: str) -> dict | None:
-    path = _record_path(home, name)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        raise ServicesError(f"{path}: not a service record (invalid JSON); stop the process by hand, "
-                            "then delete the file") from None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
-
-
-def _ours(record: dict) -> bool:
-    """The recorded pid still runs the recorded command (not a recycled pid)."""
-    argv, running = record["argv"], _cmdline(record["pid"])
-    # A console script (mlflow, dask) runs as `python /path/script ...`: compare the program's name and arguments.
-    return (len(running) >= len(argv) and running[len(running) - len(argv) + 1:] == argv[1:]
-            and any(Path(part).name == Path(argv[0]).name for part in running[:2]))
-
-
+# -- process groups ---------------------------------------------------------------------
 def _launch(home: Path, service: Service) -> tuple[subprocess.Popen, dict]:
     busy = [p for p in service.ports if not port_free(p)]
     if busy:
@@ -205,7 +179,7 @@ def _launch(home: Path, service: Service) -> tuple[subprocess.Popen, dict]:
         for fd in fds:
             os.close(fd)
     record = {"name": service.name, "pid": proc.pid, "argv": argv, "url": service.url,
-              "ports": service.ports, "log": str(log_path), "started": time.time()}
+              "ports": service.ports, "log": str(log_path), "started": time.time(), "asks_credentials": True}
     return proc, record
 
 
@@ -219,26 +193,50 @@ def _await_healthy(home: Path, service: Service, proc: subprocess.Popen, record:
             raise ServicesError(f"{service.name} did not become healthy within {service.startup_timeout:.0f} s; "
                                 f"see {record['log']}")
         time.sleep(0.5)
-    _record_path(home, service.name).write_text(json.dumps(record, indent=1))
+    write_record(home, record)
+
+
+def with_needs(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` and the services they need, in start order."""
+    wanted = set()
+    for name in names:
+        while name is not None:
+            wanted.add(name)
+            name = spec(name).needs
+    return tuple(n for n in ORDER if n in wanted)
+
+
+def _refuse_unlocked(home: Path, names: tuple[str, ...]) -> None:
+    """A running engine of the workspace that asks for no credentials (a Prefect server of ``wikirag server
+    start``) is neither adopted nor started beside, on the same database: one line saying how to stop it."""
+    for name in names:
+        record = read_record(home, name)
+        if record and still_running(record) and not asks_credentials(record):
+            raise ServicesError(f"{name}: the workspace's server at {record['url']} (pid {record['pid']}) asks for "
+                                "no credentials (`wikirag server start`); stop it with `wikirag server stop`, "
+                                "then run `wikirag services up` again")
 
 
 def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
-       progress: Callable[[str], None] = log.info) -> list[dict]:
-    """Start every service that is not already healthy; on a failure, stop what this call started.
+       progress: Callable[[str], None] = log.info, names: tuple[str, ...] = ORDER) -> list[dict]:
+    """Start every service of ``names`` (and those they need) that is not already healthy; on a failure, stop
+    what this call started.
 
     Services that need none start side by side, then those that need them: the waits for health (imports,
     database migrations) overlap instead of adding up.
     """
-    planned = plan_services(home, ports, creds, repo)
-    _prepare(home, ORDER)
+    names = with_needs(names)
+    _refuse_unlocked(home, names)
+    planned = plan_services(home, ports, creds, repo, names)
+    _prepare(home, names)
     started: list[dict] = []
     records: dict[str, dict] = {}
     try:
         for wave in ([s for s in planned if s.needs is None], [s for s in planned if s.needs is not None]):
             launched = []
             for service in wave:
-                record = _read_record(home, service.name)
-                if record and _ours(record) and service.healthy():
+                record = read_record(home, service.name)
+                if record and still_running(record) and service.healthy():
                     progress(f"{service.name}: already up at {record['url']} (pid {record['pid']})")
                     records[service.name] = record
                     continue
@@ -253,7 +251,7 @@ def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
     except BaseException:
         for record in reversed(started):
             stop_process_group(record["pid"])
-            _record_path(home, record["name"]).unlink(missing_ok=True)
+            remove_record(home, record["name"])
         raise
     return [records[s.name] for s in planned]
 
@@ -262,16 +260,16 @@ def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
     """Stop the recorded services, last started first; returns the names stopped."""
     stopped = []
     for name in reversed(ORDER):
-        record = _read_record(home, name)
+        record = read_record(home, name)
         if record is None:
             continue
-        if _ours(record):
+        if still_running(record):
             stop_process_group(record["pid"])
             stopped.append(name)
             progress(f"{name}: stopped (pid {record['pid']})")
         else:
             progress(f"{name}: was not running")
-        _record_path(home, name).unlink(missing_ok=True)
+        remove_record(home, name)
     return stopped
 
 
@@ -288,11 +286,11 @@ def status(home: Path) -> list[dict]:
     """One row per service: name, state (up, unhealthy, down, not started), pid, address, log."""
     rows = []
     for name in ORDER:
-        record = _read_record(home, name)
+        record = read_record(home, name)
         if record is None:
             rows.append({"name": name, "state": "not started"})
             continue
-        state = ("up" if _probe(name, record) else "unhealthy") if _ours(record) else "down"
+        state = ("up" if _probe(name, record) else "unhealthy") if still_running(record) else "down"
         rows.append({"name": name, "state": state, "pid": record["pid"], "url": record["url"], "log": record["log"]})
     return rows
 

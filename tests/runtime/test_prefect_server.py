@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,92 @@ def test_server_ports_come_from_below_the_ephemeral_range_and_from_it_only_when_
     assert real[0] <= fallback <= real[1]  # the kernel's bind(0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", fallback))
+
+
+_AUTH = "wikirag:prefect-secret-5a0c71"
+# A command's Prefect API, where the workspace's server is the one `wikirag services up` started.
+COMMAND_API = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from rag_core.errors import WikiragError
+    from runtime.prefect_server import prefect_api
+    try:
+        with prefect_api(Path(sys.argv[1])) as url:
+            print(url)
+    except WikiragError as exc:
+        print("refused:", exc)
+""")
+
+
+def _gone(pid: int, timeout: float = 30) -> bool:
+    """The pid no longer runs (the server was orphaned when its starting command exited: init reaps it)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_wikirag_server_and_services_keep_one_record_of_the_workspaces_prefect_server(tmp_path: Path) -> None:
+    """One starts it, the other sees it and stops it, by the recorded pid; `services up` adopts no server that asks
+    for no credentials, and a command without the services' password gets one line instead of a 401."""
+    from runtime.service_records import read_record
+
+    home = tmp_path / "home"
+    services_port = prefect_server._free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "WIKIRAG_"))}
+    env |= {"WIKIRAG_HOME": str(home), "WIKIRAG_PREFECT_PORT": str(services_port), "PYTHONPATH": str(REPO),
+            "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    locked = {**env, "PREFECT_API_AUTH_STRING": _AUTH}
+
+    def wikirag(*args: str, environ: dict[str, str] = env) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=environ, cwd=REPO,
+                              capture_output=True, text=True, timeout=240)
+
+    def prefect_row() -> list[str]:
+        rows = [r.split("\t") for r in wikirag("services", "status").stdout.splitlines()]
+        return next(r for r in rows if r[0] == "prefect")
+
+    # `wikirag server start` first: `services status` sees it, `services up` refuses it, `services down` stops it
+    started = wikirag("server", "start", "--port", "0")
+    assert started.returncode == 0, started.stderr[-2000:]
+    url, record = started.stdout.strip(), read_record(home, "prefect")
+    assert record["url"] == url and not record["asks_credentials"]
+    try:
+        assert prefect_row()[:4] == ["prefect", "up", str(record["pid"]), url]
+        refused = wikirag("services", "up", "prefect", environ=locked)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert "wikirag server stop" in refused.stderr.strip().splitlines()[-1]
+        assert read_record(home, "prefect") == record  # nothing started beside it on its database
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", services_port))
+        stopped = wikirag("services", "down")
+        assert stopped.returncode == 0 and f"prefect: stopped (pid {record['pid']})" in stopped.stderr
+        assert _gone(record["pid"])
+    finally:
+        wikirag("server", "stop")
+    assert wikirag("server", "status").stdout.strip() == "not running"
+    assert read_record(home, "prefect") is None
+
+    # `wikirag services up prefect` first: `server status` and `server start` see it, `server stop` stops it
+    up = wikirag("services", "up", "prefect", environ=locked)
+    assert up.returncode == 0, up.stderr[-2000:]
+    record = read_record(home, "prefect")
+    assert record["asks_credentials"] and record["url"] == f"http://127.0.0.1:{services_port}/api"
+    try:
+        assert prefect_row()[1] == "up"
+        assert wikirag("server", "status").stdout.strip() == record["url"]
+        again = wikirag("server", "start")
+        assert again.returncode == 0 and again.stdout.strip() == record["url"], again.stderr[-2000:]
+        assert read_record(home, "prefect") == record
+        # a command reaches it with the password, and is told which variable it lacks without it
+        for environ, expected in ((locked, record["url"]), (env, "refused: ")):
+            command = subprocess.run([sys.executable, "-c", COMMAND_API, str(home / "prefect")], env=environ,
+                                     capture_output=True, text=True, timeout=120)
+            assert command.stdout.strip().startswith(expected), command.stderr[-2000:]
+        assert "PREFECT_API_AUTH_STRING" in command.stdout and _AUTH not in command.stdout
+        stop = wikirag("server", "stop")
+        assert stop.returncode == 0 and "stopped" in stop.stderr, stop.stderr[-2000:]
+        assert _gone(record["pid"])
+    finally:
+        wikirag("services", "down")
+    assert prefect_row()[1] == "not started"
