@@ -1,5 +1,6 @@
-"""``wikirag dumps check|mirror``: the newest complete dated dump on a Wikimedia-style site against the dump behind
-LATEST, and a verified copy of it on the store for ingest to parse (the ``mirror_dump`` flow)."""
+"""``wikirag dumps check|mirror|gc``: the newest complete dated dump on a Wikimedia-style site against the dump behind
+LATEST, a verified copy of it on the store for ingest to parse (the ``mirror_dump`` flow), and the removal of the
+mirrors and staged pieces nothing needs any more (rag_core.wiki.dump_retention)."""
 
 from __future__ import annotations
 
@@ -54,11 +55,29 @@ def cmd_mirror(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
+    """Remove the mirrors older than the ``--keep`` newest and the one behind LATEST, and stale staged pieces."""
+    from rag_core.wiki.dump_retention import mirror_garbage, remove_mirror_garbage
+
+    store = settings.open_store()
+    garbage = mirror_garbage(store, args.wiki or DumpSiteConfig().wiki, args.keep)
+    for parts in garbage.paths():
+        print(store.url_of(*parts))
+    if not args.dry_run:
+        remove_mirror_garbage(store, garbage)
+    log.info("dumps gc (%s): %d mirrors and %d staged dates %s; kept %s (behind LATEST: %s)", garbage.wiki,
+             len(garbage.mirrors), len(garbage.staging), "would go" if args.dry_run else "removed",
+             ", ".join(garbage.kept) or "none", garbage.behind_latest or "none")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from cli.options import add_store, default
 
+    from rag_core.wiki.dump_retention import KEEP_MIRRORS
+
     p = sub.add_parser("dumps", help="dated Wikipedia dumps: check the dump site for a newer complete one, mirror "
-                       "it to the store (sha1-verified) for ingest to parse")
+                       "it to the store (sha1-verified) for ingest to parse, gc the old mirrors")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def action(name: str, func: Callable[[argparse.Namespace, Settings], int], help: str) -> argparse.ArgumentParser:
@@ -78,3 +97,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"{default(DumpSiteConfig, 'connections')}; Wikimedia allows each client few)")
     mirror.add_argument("--piece-mib", type=int, help="MiB per range request; a rerun keeps finished pieces "
                         f"(default {default(DumpSiteConfig, 'piece_bytes') >> 20})")
+    gc = actions.add_parser("gc", help="remove mirrors older than the --keep newest and the one behind LATEST, and "
+                            "staged pieces of dates that are complete or older")
+    gc.add_argument("--wiki", help=f"the wiki's database name (default {default(DumpSiteConfig, 'wiki')})")
+    gc.add_argument("--keep", type=int, default=KEEP_MIRRORS, help="newest complete mirrors kept besides the one "
+                    f"behind LATEST (default {KEEP_MIRRORS})")
+    gc.add_argument("--dry-run", action="store_true", help="print what would go; remove nothing")
+    add_store(gc)
+    gc.set_defaults(func=cmd_gc)
