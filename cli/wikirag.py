@@ -392,9 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--home", help=f"workspace directory (default $WIKIRAG_HOME or {default(Settings, 'home')})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_parser(sub)
-    from cli import ask, dumps, generated_qa, indexes, models, refresh, services, train
+    from cli import ask, dumps, generated_qa, indexes, models, plan, refresh, services, train
 
-    for module in (indexes, ask, generated_qa, train, models, refresh, dumps, services):
+    for module in (indexes, ask, generated_qa, train, models, refresh, dumps, services, plan):
         module.add_parser(sub)
     return parser
 

@@ -1,0 +1,1 @@
+"""Capacity planning: what a rebuild of a dump will take (disk, RAM per worker, hours) before it runs."""

@@ -1,0 +1,94 @@
+"""Rates measured on this machine from a few of the dump's own streams, for :func:`rag_core.capacity.plan.predict`.
+
+:func:`calibrate` parses ``n_streams`` streams spread over the dump (the same
+reader, cleaner and chunker as ingest), encodes up to ``max_passages`` of their
+passages with the rebuild's encoder, and builds and tunes an index of the
+factory the plan will use over ``index_vectors`` vectors like them. Rates are
+per CPU second of this process (one worker = one core), so the plan scales them
+by the workers it is given.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from rag_core.capacity.plan import Rates
+from rag_core.errors import DumpError
+from rag_core.index.encoders import Encoder, EncoderConfig, packaged_model_path
+from rag_core.index.faiss_index import IndexConfig, build_tuned_shard
+from rag_core.parquet_bytes import table_to_parquet
+from rag_core.wiki.dumps import DumpSource
+from rag_core.wiki.multistream import Stream, StreamShard, iter_shard_pages, read_index
+from rag_core.wiki.passages import passages_from_pages
+
+
+def read_streams(index: DumpSource, dump_bytes: int) -> list[Stream]:
+    """The index's streams, checked against the dump's size (an index of another dump is refused)."""
+    streams = read_index(index)
+    if streams[-1].offset >= dump_bytes:
+        raise DumpError(f"{index.name}: its last stream starts at byte {streams[-1].offset:,}, past the dump's "
+                        f"{dump_bytes:,} bytes; give the index published with this dump")
+    return streams
+
+
+def sample_shards(streams: list[Stream], dump_bytes: int, n_streams: int) -> list[StreamShard]:
+    """``n_streams`` single-stream shards spread evenly over the dump (first and last included)."""
+    n = min(n_streams, len(streams))
+    picks = sorted({round(i * (len(streams) - 1) / max(1, n - 1)) for i in range(n)})
+    shards = []
+    for i in picks:
+        end = streams[i + 1].offset if i + 1 < len(streams) else dump_bytes
+        shards.append(StreamShard(0, 1, streams[i].offset, end, (streams[i],)))
+    return shards
+
+
+def _cpu(fn):
+    start = time.process_time()
+    result = fn()
+    return result, max(time.process_time() - start, 1e-6)
+
+
+def _weights_bytes(config: EncoderConfig) -> int:
+    folder = Path(config.path) if config.path else packaged_model_path()
+    return sum(p.stat().st_size for p in folder.glob("*") if p.suffix in (".safetensors", ".bin"))
+
+
+def calibrate(dump: DumpSource, streams: list[Stream], dump_bytes: int, encoder: EncoderConfig | None = None, *,
+              n_streams: int = 8, max_passages: int = 256, index_vectors: int = 4000,
+              factory: str = "Flat") -> Rates:
+    """Parse, embed and index rates on a sample of the dump (see the module docstring)."""
+    shards = sample_shards(streams, dump_bytes, n_streams)
+
+    def parse() -> pa.Table:
+        table = pa.concat_tables(passages_from_pages(iter_shard_pages(dump, shard))[0] for shard in shards)
+        table_to_parquet(table)  # ingest writes its parts: their encoding is part of the cost
+        return table
+
+    table, parse_cpu = _cpu(parse)
+    sampled_bytes = sum(shard.end - shard.start for shard in shards)
+    if table.num_rows == 0:
+        raise DumpError(f"{dump.name}: the {len(shards)} sampled streams hold no article text; "
+                        "give a pages-articles dump")
+    sample = table.slice(0, max_passages)
+    titles, texts = sample.column("title").to_pylist(), sample.column("text").to_pylist()
+    config = encoder or EncoderConfig()
+    model = Encoder.load(config)
+    model.encode_passages(titles[:8], texts[:8])  # first-call set-up is once per worker, not per passage
+    vectors, embed_cpu = _cpu(lambda: model.encode_passages(titles, texts))
+
+    rng = np.random.default_rng(0)
+    base = vectors[rng.integers(len(vectors), size=index_vectors)]
+    noisy = base + rng.normal(scale=0.05, size=base.shape).astype(np.float32)
+    noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
+    _, index_cpu = _cpu(lambda: build_tuned_shard(noisy.astype(np.float32), IndexConfig(factory=factory)))
+
+    passage_bytes = len(table_to_parquet(table)) / table.num_rows
+    text_bytes = len(table_to_parquet(table.select(["passage_id", "title", "text"]))) / table.num_rows
+    return Rates(passages_per_dump_byte=table.num_rows / sampled_bytes, parse_bytes_per_cpu_s=sampled_bytes / parse_cpu,
+                 embed_passages_per_cpu_s=len(texts) / embed_cpu, index_vectors_per_cpu_s=index_vectors / index_cpu,
+                 passage_bytes=passage_bytes, index_text_bytes=text_bytes, dim=int(vectors.shape[1]),
+                 encoder_bytes=_weights_bytes(config))

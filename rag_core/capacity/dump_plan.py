@@ -1,0 +1,47 @@
+"""A dump's rebuild plan in one call: its index read, this machine calibrated, the plan predicted."""
+
+from __future__ import annotations
+
+import re
+
+from rag_core.capacity.calibration import calibrate, read_streams
+from rag_core.capacity.plan import NO_FACTORY, Budget, Plan, predict
+from rag_core.errors import DumpError
+from rag_core.index.embedding_files import EmbedConfig
+from rag_core.index.encoders import EncoderConfig
+from rag_core.wiki.dumps import DumpSource
+
+MULTISTREAM_SUFFIX = "-multistream.xml.bz2"
+
+
+def default_index(dump: str) -> str:
+    """Where Wikimedia puts a multistream dump's index: beside it, ``...-multistream-index.txt.bz2``."""
+    if not dump.endswith(MULTISTREAM_SUFFIX):
+        raise DumpError(f"{dump}: not a multistream dump (...{MULTISTREAM_SUFFIX}); pass its index with --index")
+    return dump.removesuffix(".xml.bz2") + "-index.txt.bz2"
+
+
+def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderConfig | None = None, *,
+                 embed: EmbedConfig | None = None, n_streams: int = 8) -> Plan:
+    """Pages from the index, rates from ``n_streams`` of the dump's streams, then :func:`predict`.
+
+    The index stage is calibrated on Flat, then again on the factory the plan
+    picks when that is another (a graph or IVF index builds at its own rate).
+    """
+    source, index_source = DumpSource(dump), DumpSource(index or default_index(dump))
+    dump_bytes = _size(source)
+    streams = read_streams(index_source, dump_bytes)
+    pages = sum(len(s.page_ids) for s in streams)
+    rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams)
+    plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset)
+    if plan.factory not in ("Flat", NO_FACTORY):
+        # IVF lists sized for the whole dump cannot train on a calibration sample: time adding and tuning on 64 lists
+        rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams,
+                          factory=re.sub(r"IVF\d+", "IVF64", plan.factory))
+        plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset)
+    return plan
+
+
+def _size(source: DumpSource) -> int:
+    with source.open() as f:
+        return f.seek(0, 2)

@@ -1,0 +1,195 @@
+"""What an index rebuild of a dump will take, from the dump's multistream index and measured rates.
+
+:func:`predict` is arithmetic only: pages (counted from the index) times the
+rates a :class:`~rag_core.capacity.calibration.Calibration` measured on a few
+of the dump's streams give passages, bytes per stage, RAM per worker and hours
+per stage; the index factory comes from the index stage's own ``auto`` rule
+(:func:`rag_core.index.faiss_index.choose_factory`) with the workers' memory as
+its budget, and the shard count from the embedding stage's rule, raised until
+one shard's build fits a worker. :func:`check_budget` refuses, in one line of
+numbers, a plan that exceeds a :class:`Budget`.
+
+The model (each figure per the whole run, W = workers, one core each):
+
+* passages = the dump's compressed bytes x passages per compressed byte of
+  the sampled streams (bytes, not pages: article length varies along a dump,
+  and a stream's compressed size follows its text);
+* disk: the dump, the passages (Parquet bytes per passage as sampled), the
+  embeddings (4 * dim + id bytes per passage) and the index version (the
+  factory's bytes per vector + its passage table); the peak is their sum (a
+  rebuild keeps all of them);
+* hours: start-up + dump bytes / (bytes parsed per CPU second x W) + passages / (passages
+  per CPU second x W) + vectors / (index vectors per CPU second x W) + per-shard
+  task overhead x shards / W;
+* RAM per worker: the worker's base (interpreter, torch, FAISS) + the largest
+  of the encoder's working set, one shard's build (vectors + index) and its
+  share of the whole index when the workers serve search (index bytes / W).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_core.errors import WikiragError
+from rag_core.index.embedding_files import EmbedConfig
+from rag_core.index.faiss_index import (
+    HNSW_EXTRA_BYTES,
+    HNSW_M,
+    IVF_ID_BYTES,
+    PQ_SUBQUANTIZERS,
+    IndexBuildError,
+    choose_factory,
+)
+
+GB = 1e9
+# Fixed costs of one rebuild, measured by bench/scale_bench.py on 2 cores: the Prefect server and Dask cluster
+# coming up, the gates and the publish (about 40 s together), and each shard's task runs (embed + index, about 3 s).
+STARTUP_S = 40.0
+PER_SHARD_S = 3.0
+# A Dask worker's resident memory before it holds data: Python, torch, transformers, FAISS, pyarrow imported
+# (bench/scale_bench.py's worker peak at 30,000 passages, rounded up).
+WORKER_BASE_BYTES = 900 * 1024**2
+NO_FACTORY = "none fits"  # the plan's factory when no index family fits the workers' memory
+EMBEDDING_ID_BYTES = 24  # the ids file beside each vector file: passage id and 64-bit text hash, compressed
+
+
+class CapacityError(WikiragError):
+    """The rebuild does not fit the budget given (disk, memory per worker, deadline)."""
+
+
+class Budget(BaseModel):
+    """What the rebuild may use; None = not limited. Also the options of ``wikirag plan``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workers: int = Field(1, ge=1, description="Dask workers, one core each")
+    worker_memory_gb: float | None = Field(None, gt=0, description="RAM of one worker, in GB")
+    disk_gb: float | None = Field(None, gt=0, description="disk for the dump and the store together, in GB")
+    deadline_hours: float | None = Field(None, gt=0, description="hours the whole rebuild may take")
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What a calibration measured: per page, per passage and per vector, on one core."""
+
+    passages_per_dump_byte: float  # passages per compressed byte of the sampled streams
+    parse_bytes_per_cpu_s: float  # compressed dump bytes parsed, cleaned and chunked per CPU second
+    embed_passages_per_cpu_s: float
+    index_vectors_per_cpu_s: float
+    passage_bytes: float  # Parquet bytes per passage (the passages stage)
+    index_text_bytes: float  # the index version's passage table, bytes per passage
+    dim: int
+    encoder_bytes: int  # the encoder's weights in memory
+
+
+@dataclass(slots=True)
+class Plan:
+    """A rebuild's predicted cost; ``over`` lists what exceeds the budget (empty: it fits)."""
+
+    dump: str
+    pages: int
+    passages: int
+    factory: str
+    shards: int
+    disk_bytes: dict[str, float]
+    hours: dict[str, float]
+    worker_memory_bytes: float
+    budget: Budget
+    over: list[str] = field(default_factory=list)
+
+    @property
+    def disk_total(self) -> float:
+        return sum(self.disk_bytes.values())
+
+    @property
+    def hours_total(self) -> float:
+        return sum(self.hours.values())
+
+    def summary(self) -> dict:
+        """The plan as plain JSON values (bytes in GB, times in hours)."""
+        return {"dump": self.dump, "pages": self.pages, "passages": self.passages, "factory": self.factory,
+                "shards": self.shards, "workers": self.budget.workers,
+                "disk_gb": {k: round(v / GB, 3) for k, v in self.disk_bytes.items()},
+                "store_gb": round((self.disk_total - self.disk_bytes["dump"]) / GB, 3),
+                "disk_total_gb": round(self.disk_total / GB, 3),
+                "hours": {k: round(v, 4) for k, v in self.hours.items()}, "hours_total": round(self.hours_total, 4),
+                "worker_memory_gb": round(self.worker_memory_bytes / GB, 2), "budget": self.budget.model_dump(),
+                "fits": not self.over, "over": self.over}
+
+
+def index_bytes_per_vector(factory: str, dim: int) -> float:
+    """Bytes per vector of the factories ``auto`` picks (the same table as choose_factory's)."""
+    graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
+    if factory == "Flat":
+        return 4 * dim
+    if factory == f"HNSW{HNSW_M}":
+        return 4 * dim + graph
+    if factory == f"HNSW{HNSW_M}_SQ8":
+        return dim + graph
+    if factory.endswith(",SQ8"):
+        return dim + IVF_ID_BYTES
+    if ",PQ" in factory:
+        return int(factory.rsplit(",PQ", 1)[1]) + IVF_ID_BYTES
+    return 4 * dim  # an explicit factory outside the auto tiers: as large as the raw vectors
+
+
+def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget,
+            embed: EmbedConfig | None = None, stream_bytes: int | None = None) -> Plan:
+    """The plan for a dump of ``pages`` pages at ``rates`` under ``budget`` (``over`` filled in, nothing raised).
+
+    ``stream_bytes``: the dump's bytes after its header stream, what the rates were measured on (default: all).
+    """
+    stream_bytes = dump_bytes if stream_bytes is None else stream_bytes
+    embed = embed or EmbedConfig()
+    w = budget.workers
+    passages = max(1, round(stream_bytes * rates.passages_per_dump_byte))
+    memory = None if budget.worker_memory_gb is None else budget.worker_memory_gb * GB
+    index_budget = None if memory is None else max(1, int(w * (memory - WORKER_BASE_BYTES)))
+    try:
+        factory = choose_factory(passages, rates.dim, index_budget, shards=embed.num_shards(passages))
+        per_vector = index_bytes_per_vector(factory, rates.dim)
+    except IndexBuildError:  # not even the smallest tier fits: size it as that tier, the memory check refuses
+        factory, per_vector = NO_FACTORY, PQ_SUBQUANTIZERS[-1] + IVF_ID_BYTES
+    shards = embed.num_shards(passages)
+    build_bytes = 4 * rates.dim + per_vector  # one shard's vectors and its index, while it is built
+    if memory is not None and memory > WORKER_BASE_BYTES:
+        per_shard_cap = max(1, int((memory - WORKER_BASE_BYTES) / build_bytes))
+        shards = max(shards, math.ceil(passages / per_shard_cap))
+    shard_n = math.ceil(passages / shards)
+    serve_bytes = passages * per_vector / w  # searching, the workers hold the version's shards between them
+    worker_memory = WORKER_BASE_BYTES + max(2 * rates.encoder_bytes, shard_n * build_bytes, serve_bytes)
+    disk = {"dump": float(dump_bytes), "passages": passages * rates.passage_bytes,
+            "embeddings": passages * (4 * rates.dim + EMBEDDING_ID_BYTES),
+            "index": passages * (per_vector + rates.index_text_bytes)}
+    hours = {"start-up, gates, publish": STARTUP_S / 3600,
+             "ingest": stream_bytes / (rates.parse_bytes_per_cpu_s * w) / 3600,
+             "embed": passages / (rates.embed_passages_per_cpu_s * w) / 3600,
+             "index": passages / (rates.index_vectors_per_cpu_s * w) / 3600,
+             "shard tasks": PER_SHARD_S * math.ceil(shards / w) / 3600}
+    plan = Plan(dump, pages, passages, factory, shards, disk, hours, worker_memory, budget)
+    plan.over = over_budget(plan)
+    return plan
+
+
+def over_budget(plan: Plan) -> list[str]:
+    """Each figure of ``plan`` above its budget, as 'what: need X (budget Y)'."""
+    b, over = plan.budget, []
+    if b.disk_gb is not None and plan.disk_total > b.disk_gb * GB:
+        over.append(f"disk {plan.disk_total / GB:,.3g} GB (budget {b.disk_gb:g} GB)")
+    if b.worker_memory_gb is not None and plan.worker_memory_bytes > b.worker_memory_gb * GB:
+        over.append(f"RAM per worker {plan.worker_memory_bytes / GB:,.3g} GB (budget {b.worker_memory_gb:g} GB)")
+    if b.deadline_hours is not None and plan.hours_total > b.deadline_hours:
+        over.append(f"time {plan.hours_total:,.3g} h with {b.workers} workers (deadline {b.deadline_hours:g} h)")
+    return over
+
+
+def check_budget(plan: Plan) -> Plan:
+    """``plan`` when it fits its budget; otherwise CapacityError with the numbers, in one line."""
+    if plan.over:
+        raise CapacityError(
+            f"{plan.dump}: a rebuild of {plan.passages:,} passages ({plan.factory}, {plan.shards} shards) does not "
+            f"fit: {'; '.join(plan.over)}; raise the budget or add workers")
+    return plan
