@@ -163,6 +163,10 @@ def start_workspace_server(prefect_home: Path, port: int = ServicePorts.model_fi
     running = workspace_server(prefect_home)
     if running:
         return running
+    record = read_record(workspace_of(prefect_home), "prefect")
+    if record and still_running(record):  # booting, or stuck: a second server would share its database
+        raise WikiragError(f"the workspace's Prefect server (pid {record['pid']}) runs but does not answer at "
+                           f"{record['url']}; see {record['log']}, or stop it with `wikirag server stop`")
     port = port or _free_port()
     proc, url = _launch(prefect_home, port, ui=True, startup_timeout=startup_timeout, persistent=True)
     write_record(workspace_of(prefect_home), {

@@ -265,3 +265,36 @@ def test_wikirag_server_and_services_keep_one_record_of_the_workspaces_prefect_s
     finally:
         wikirag("services", "down")
     assert prefect_row()[1] == "not started"
+
+
+def test_a_recorded_server_that_runs_but_does_not_answer_is_not_doubled_and_stop_ends_it(tmp_path: Path) -> None:
+    """A second server would share the first one's database: `server start` says so in one line instead."""
+    from runtime.service_records import read_record, write_record
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "WIKIRAG_"))}
+    env |= {"WIKIRAG_HOME": str(home), "PYTHONPATH": str(REPO)}
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        with socket.socket() as s:  # a port that nothing answers on
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+        record = {"name": "prefect", "pid": stuck.pid, "argv": stuck.args, "url": url, "ports": [0],
+                  "log": str(home / "prefect" / "server.log"), "started": time.time(), "asks_credentials": False}
+        write_record(home, record)
+
+        def wikirag(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "cli.wikirag", *args], env=env, cwd=REPO,
+                                  capture_output=True, text=True, timeout=120)
+
+        start = wikirag("server", "start", "--port", "0")
+        assert start.returncode == 2 and "Traceback" not in start.stderr, start.stderr[-2000:]
+        assert f"(pid {stuck.pid}) runs but does not answer" in start.stderr.strip().splitlines()[-1]
+        assert read_record(home, "prefect") == record and stuck.poll() is None
+        assert wikirag("server", "status").stdout.strip() == "not running"
+        stop = wikirag("server", "stop")
+        assert stop.returncode == 0 and stuck.wait(timeout=30) is not None
+        assert read_record(home, "prefect") is None
+    finally:
+        stuck.kill()
+        stuck.wait()
