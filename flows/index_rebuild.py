@@ -20,7 +20,7 @@ from prefect_dask import DaskTaskRunner
 from flows.dump_mirror import mirror_dump
 from flows.ingest import ingest
 from rag_core.errors import WikiragError
-from rag_core.index.build import GateConfig, dump_id_of
+from rag_core.index.plan import GateConfig, dump_id_of
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.dump_site import DumpSiteConfig

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from flows.finetune import FinetuneOutcome, finetune
 from flows.generated_qa import generated_qa
 from flows.index_rebuild import index_rebuild
-from rag_core.index.build import GateConfig
+from rag_core.index.plan import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.train.jobs import DDP_PROCESSES, FinetuneRequest, ShortRun

@@ -27,7 +27,7 @@ _LAZY = {
     "read_index_manifest": "rag_core.index.versions",
     "verify_version": "rag_core.index.versions",
     "IndexManifest": "rag_core.index.manifest",
-    "GateConfig": "rag_core.index.build",
+    "GateConfig": "rag_core.index.plan",
     "build_version": "rag_core.index.build",
     "pin_version": "rag_core.index.retention",
     "unpin_version": "rag_core.index.retention",

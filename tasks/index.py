@@ -18,18 +18,14 @@ from rag_core.index.build import (
     RECALL_K,
     BuiltShard,
     EmbeddedShard,
-    GateConfig,
-    IndexPlan,
     build_plan_shard,
-    describe_plan,
-    dump_id_of,
     embed_plan_shard,
     mean_recall,
-    plan_version,
     publish_plan,
 )
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.plan import GateConfig, IndexPlan, describe_plan, dump_id_of, plan_version
 from rag_core.index.versions import PublishedVersion
 from rag_core.progress import StageProgress
 from rag_core.storage import Store

@@ -17,7 +17,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rag_core.errors import GateError
-from rag_core.index.build import RECALL_K, BuiltShard, EmbeddedShard, IndexPlan
+from rag_core.index.build import RECALL_K, BuiltShard, EmbeddedShard
+from rag_core.index.plan import IndexPlan
 from rag_core.index.retention import delete_version
 from rag_core.index.version_names import INDEXES_DIR
 from rag_core.progress import StageProgress

@@ -18,7 +18,7 @@ from rag_core.storage import Store
 from rag_core.wiki.ingest import PASSAGES_DIR, STAGING_DIR
 
 if TYPE_CHECKING:  # the index modules load torch and FAISS: not for an ingest
-    from rag_core.index.build import IndexPlan
+    from rag_core.index.plan import IndexPlan
 
 # How long a run waits for another run of the same input (an ingest of a full dump takes hours) before it stops
 # with one line naming that run.

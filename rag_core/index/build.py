@@ -1,8 +1,9 @@
-"""Build an index version from a published passage set: plan, embed each shard, index each shard, publish.
+"""Build an index version from a published passage set: embed each shard, index each shard, check, publish.
 
 :func:`build_version` does it all in one process (a notebook, a script); the
 ``index_rebuild`` flow maps the same per-shard functions over Dask workers and
-puts Great Expectations gates between the steps::
+puts Great Expectations gates between the steps. The first step, which every
+other takes the result of, is :func:`rag_core.index.plan.plan_version`::
 
     plan_version ──▶ embed_plan_shard ──▶ train_plan_index ──▶ build_plan_shard ──▶ publish_plan
      │ counts,          │ (each shard)       │ once, on a sample    │ (each shard)        │ manifest
@@ -23,26 +24,23 @@ embedding ranges that are done, so a killed run loses only the shards in flight.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
 
-from rag_core.errors import GateError, StoreError, WikiragError
+from rag_core.errors import GateError, StoreError
 from rag_core.index.embedding_files import (
     EmbedConfig,
     embedding_ref,
     range_record,
     read_record,
-    shard_bounds,
     vector_stats,
 )
-from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError
+from rag_core.index.encoders import EncoderError
 from rag_core.index.faiss_index import (
     IndexConfig,
     TrainedIndex,
@@ -54,43 +52,15 @@ from rag_core.index.faiss_index import (
 )
 from rag_core.index.incremental_embedding import PassageEncoder, ReuseTable, embed_rows, load_reuse_table
 from rag_core.index.manifest import ShardEntry
+from rag_core.index.plan import GateConfig, IndexPlan, load_encoder, plan_version
 from rag_core.index.retention import delete_version
 from rag_core.index.tuning import RECALL_K, heldout_recall
-from rag_core.index.version_names import INDEXES_DIR, PLAN, new_version_id
-from rag_core.index.versions import ShardPayload, publish_manifest, read_index_manifest, write_shard
+from rag_core.index.version_names import INDEXES_DIR
+from rag_core.index.versions import ShardPayload, publish_manifest, write_shard
 from rag_core.storage import Store
-from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest, read_passage_rows
+from rag_core.wiki.ingest import read_passage_rows
 
 Progress = Callable[[int], None]  # called with the number of passages (or vectors) just finished
-
-
-class GateConfig(BaseModel):
-    """The index stage's gates (the recall target is ``IndexConfig.recall_target``: ``auto`` sizes for it too)."""
-
-    recall_queries: int = Field(1000, ge=1, description="held-out queries of the recall gate, over all shards")
-
-
-@dataclass
-class IndexPlan:
-    """What a build makes: which passages, which encoder, how many shards, which version."""
-
-    dump_id: str
-    passages_url: str
-    dump: dict[str, Any]  # the passages manifest's dump record: url, sha256, bytes
-    n_passages: int
-    num_shards: int
-    encoder: EncoderConfig
-    fingerprint: dict[str, Any]
-    fingerprint_id: str
-    dim: int
-    index: IndexConfig
-    gate: GateConfig
-    version: str
-    reuse_from: str | None = None
-    started: float = field(default_factory=time.time)
-
-    def bounds(self, shard_id: int) -> tuple[int, int]:
-        return shard_bounds(self.n_passages, shard_id, self.num_shards)
 
 
 @dataclass
@@ -118,63 +88,6 @@ class BuiltShard:
     recall: np.ndarray
     seconds: float
     ids_match: bool  # the index's passages are the embedded ones, row for row
-
-
-@functools.cache
-def load_encoder(config: EncoderConfig) -> Encoder:
-    """One loaded encoder per config and process: a worker keeps it for every shard it is given."""
-    return Encoder.load(config)
-
-
-def dump_id_of(passages_url: str) -> str:
-    """The passage set's id: the last part of its URL (``<store>/passages/<dump_id>``)."""
-    return passages_url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def previous_dump(store: Store, fingerprint_id: str, dump_id: str) -> str | None:
-    """The passage set behind LATEST, when it differs from ``dump_id`` and its vectors fit this encoder."""
-    try:
-        manifest = read_index_manifest(store)
-    except WikiragError:  # nothing published, or a LATEST that cannot be read: nothing to reuse
-        return None
-    if manifest.fingerprint_id != fingerprint_id or manifest.dump_id == dump_id:
-        return None
-    return manifest.dump_id
-
-
-def plan_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, index: IndexConfig | None = None,
-                 gate: GateConfig | None = None, *, encoder: PassageEncoder | None = None) -> IndexPlan:
-    """Count the passages, fingerprint the encoder, cut the shards, name the version and record the plan.
-
-    ``encoder`` (default: loaded from ``embed.encoder``) gives the fingerprint
-    (and the config recorded, when it has one);
-    the plan is written to ``indexes/<version>/plan.json`` so that cleanup can
-    tell a running build from an abandoned one.
-    """
-    embed, index, gate = embed or EmbedConfig(), index or IndexConfig(), gate or GateConfig()
-    passages = published_manifest(store, dump_id)
-    if passages is None:
-        raise StoreError(f"{store.url_of(PASSAGES_DIR, dump_id)}: no published passages; run ingest first")
-    n = int(passages["counts"]["passages"])
-    encoder = encoder or load_encoder(embed.encoder)
-    config = encoder.config if isinstance(getattr(encoder, "config", None), EncoderConfig) else embed.encoder
-    plan = IndexPlan(
-        dump_id=dump_id, passages_url=store.url_of(PASSAGES_DIR, dump_id), dump=passages["dump"], n_passages=n,
-        num_shards=embed.num_shards(n), encoder=config, fingerprint=encoder.fingerprint,
-        fingerprint_id=encoder.fingerprint_id, dim=encoder.dim, index=index, gate=gate, version=new_version_id(),
-        reuse_from=embed.reuse_from or previous_dump(store, encoder.fingerprint_id, dump_id),
-    )
-    record = {"version": plan.version, "dump_id": dump_id, "fingerprint_id": plan.fingerprint_id,
-              "reuse_from": plan.reuse_from, "n_passages": n, "num_shards": plan.num_shards}
-    store.child(INDEXES_DIR, plan.version).write_json(record, PLAN)
-    return plan
-
-
-def describe_plan(plan: IndexPlan) -> str:
-    """One log line: passages, shards, encoder, version, reuse source."""
-    reuse = f", reusing vectors of {plan.reuse_from}" if plan.reuse_from else ""
-    return (f"{plan.n_passages:,} passages in {plan.num_shards} shards, encoder {plan.fingerprint['name']} "
-            f"({plan.fingerprint_id}), version {plan.version}{reuse}")
 
 
 class _OnDemandEncoder:

@@ -15,7 +15,7 @@ from cli.options import default
 from cli.wikirag import build_parser
 from rag_core.train.jobs import FinetuneRequest
 from rag_core.train.jobs import ShortRun
-from rag_core.index.build import GateConfig
+from rag_core.index.plan import GateConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
 from rag_core.index.retention import CleanupConfig

@@ -126,7 +126,8 @@ def _tree(root: Path) -> dict[str, int]:
 
 def test_gc_during_a_resumed_build_keeps_what_its_lease_holds_and_refuses_a_young_age(
         wiki: Path, tmp_path: Path, home: Path, capsys: pytest.CaptureFixture) -> None:
-    from rag_core.index.build import embed_plan_shard, plan_version
+    from rag_core.index.build import embed_plan_shard
+    from rag_core.index.plan import plan_version
 
     root = tmp_path / "store"
     store = Store(str(root))

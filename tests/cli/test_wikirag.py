@@ -11,7 +11,7 @@ import pytest
 
 from cli.indexes import CleanupConfig
 from cli.wikirag import build_parser, main, read_settings, rebuild_configs
-from rag_core.index.build import GateConfig
+from rag_core.index.plan import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig

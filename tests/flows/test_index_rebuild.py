@@ -122,7 +122,7 @@ def test_the_command_loads_its_encoder_before_the_flow_and_the_plan_uses_that_on
         articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path,
         capsys: pytest.CaptureFixture) -> None:
     from cli.wikirag import main
-    from rag_core.index.build import load_encoder
+    from rag_core.index.plan import load_encoder
 
     dump, index = write_dump(tmp_path, page_rows(articles[:4]))
     load_encoder.cache_clear()

@@ -12,10 +12,11 @@ import pyarrow as pa
 import pytest
 
 from rag_core.errors import GateError
-from rag_core.index.build import GateConfig, build_version, embed_plan_shard, plan_version
+from rag_core.index.build import build_version, embed_plan_shard
 from rag_core.index.embedding_files import EmbedConfig, read_ref
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.plan import GateConfig, plan_version
 from rag_core.index.retention import CleanupConfig, collect_garbage, delete_version, pin_version, unpin_version
 from rag_core.index.search import ShardedIndex
 from rag_core.index.tuning import tuning_queries

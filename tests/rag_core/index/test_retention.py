@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_core.index.build import build_version, plan_version
+from rag_core.index.build import build_version
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig, build_shard_index, serialize_index
+from rag_core.index.plan import plan_version
 from rag_core.index.retention import (
     CleanupConfig,
     collect_garbage,

@@ -13,12 +13,12 @@ from rag_core.index.build import (
     build_plan_shard,
     build_version,
     embed_plan_shard,
-    plan_version,
     train_plan_index,
 )
 from rag_core.index.embedding_files import EmbedConfig, read_ref
 from rag_core.index.encoders import Encoder
 from rag_core.index.faiss_index import IndexConfig, coarse_fingerprint, deserialize_index, set_search_params
+from rag_core.index.plan import plan_version
 from rag_core.index.search import ShardedIndex
 from rag_core.index.tuning import tuning_queries
 from rag_core.index.version_names import INDEXES_DIR
