@@ -34,26 +34,30 @@ from report import RunInfo, emulate_avx2_if_asked, publish
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 QA_DIR = ROOT.parent / "shared" / "data" / "qa"
-# name -> (n_docs, global batch, steps, trained generator blocks, peak lr); "main" is the main job's ShortRun
+# name -> TrainConfig fields that differ from "main", the main job's ShortRun (rag_core/train/jobs.py)
+# and GeneratedQAConfig fields of its data (rag_core/train/generated_qa.py)
+MAIN = {"n_docs": 2, "batch_size": 4, "max_steps": 24, "train_generator_layers": 15, "lr": 2e-4,
+        "train_question_encoder": True, "when_share": 0.2}
 CANDIDATES = {
-    "main": (2, 4, 24, 15, 2e-4),
-    "steps-48-batch-2": (2, 2, 48, 15, 2e-4),
-    "n_docs-1-steps-48": (1, 4, 48, 15, 2e-4),
-    "blocks-8-steps-32": (2, 4, 32, 8, 2e-4),
-    "lr-1e-4": (2, 4, 24, 15, 1e-4),
-    "blocks-all": (2, 4, 24, None, 2e-4),
+    "main": {},
+    "when-uncapped": {"when_share": 1.0},
+    "frozen-question-encoder": {"train_question_encoder": False},
+    "steps-48-batch-2": {"batch_size": 2, "max_steps": 48},
+    "n_docs-1-steps-48": {"n_docs": 1, "max_steps": 48},
+    "blocks-8-steps-32": {"train_generator_layers": 8, "max_steps": 32},
+    "lr-1e-4": {"lr": 1e-4},
+    "blocks-all": {"train_generator_layers": None},
 }
 
 
-def generated_pairs(store, version: str, held, folder: Path) -> tuple[str, str, dict]:
-    """Train and dev files of the main job's generated QA (default GeneratedQAConfig), and its counts."""
-    from rag_core.train.generated_qa import GeneratedQAConfig, merge_shards, pair_examples, shard_pairs, shard_rows
+def generated_pairs(store, version: str, held, folder: Path, config) -> tuple[str, str, dict]:
+    """Train and dev files of generated QA made with ``config`` (a GeneratedQAConfig), and its counts."""
+    from rag_core.train.generated_qa import merge_shards, pair_examples, shard_pairs, shard_rows
     from rag_core.train.generated_qa_store import index_search
     from rag_core.index.versions import read_index_manifest
     from rag_core.train.examples import write_examples
     from rag_core.wiki.ingest import read_passages
 
-    config = GeneratedQAConfig()
     passages = read_passages(store, read_index_manifest(store, version).dump_id)
     search = index_search(store, version)
     parts = []
@@ -61,6 +65,7 @@ def generated_pairs(store, version: str, held, folder: Path) -> tuple[str, str, 
         start, stop = shard_rows(passages.num_rows, shard, config.shards)
         parts.append(shard_pairs(passages.slice(start, stop - start), shard, search, held, config))
     table, counts = merge_shards(parts, config)
+    folder.mkdir(parents=True, exist_ok=True)
     urls = [write_examples(pair_examples(table, split), str(folder / f"{split}.jsonl")) for split in ("train", "dev")]
     return urls[0], urls[1], dict(counts)
 
@@ -80,8 +85,9 @@ def real_dev(store, version: str, limit: int, qa_dir: Path):
     return as_examples([i for i in items if i["split"] == "dev"][:limit]), HeldOut.of(as_examples(items))
 
 
-def dev_score(model, examples) -> tuple[float, float]:
-    """EM and answer-in-output of ``model`` on ``examples`` (fast decoding, bf16 autocast where native)."""
+def dev_score(model, examples, label: str) -> tuple[float, float]:
+    """EM and answer-in-output of ``model`` on ``examples`` (fast decoding, bf16 autocast where native); each
+    prediction goes to stderr under ``label``."""
     import torch
 
     from rag_core.evaluate.predictions import evaluate_model
@@ -92,6 +98,8 @@ def dev_score(model, examples) -> tuple[float, float]:
     with torch.autocast("cpu", dtype=torch.bfloat16) if native else torch.no_grad():
         evaluation = evaluate_model(model, examples, mode="fast", max_new_tokens=12)
     found = [answer_in_output(r["prediction"], r["targets"]) for r in evaluation.predictions]
+    for example, r in zip(examples, evaluation.predictions, strict=True):
+        print(f"#P {label} | {example.input} | {r['prediction']!r} | {list(r['targets'])}", file=sys.stderr)
     return evaluation.scores["em"], sum(found) / max(1, len(found))
 
 
@@ -103,6 +111,7 @@ def main() -> int:
     parser.add_argument("--dev-examples", type=int, default=16, help="generated dev pairs in the dev loss")
     parser.add_argument("--real-dev", type=int, default=30, help="real dev questions scored per candidate (0: none, "
                         "dev loss only)")
+    parser.add_argument("--skip-zero-shot", action="store_true", help="do not score the zero-shot start")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--qa-dir", type=Path, default=QA_DIR, help="public QA data (nq_open/, webquestions/, ...)")
     parser.add_argument("--markdown", type=Path, help="write the section to this file")
@@ -115,7 +124,8 @@ def main() -> int:
     from rag_core.model.retriever import IndexRetriever
     from rag_core.storage import Store
     from rag_core.train.checkpoints import load_model
-    from rag_core.train.recipe import TrainConfig, initial_model, run, warmup_steps
+    from rag_core.train.generated_qa import GeneratedQAConfig
+    from rag_core.train.recipe import TrainConfig, initial_model, run, trajectory_key, warmup_steps
     from rag_core.train.tracking import MemoryLogger
 
     torch.set_num_threads(args.threads)
@@ -127,27 +137,42 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="wikirag-choice-") as tmp:
         examples, held = real_dev(store, version, args.real_dev, args.qa_dir)
-        train, dev, counts = generated_pairs(store, version, held, Path(tmp))
+        datasets: dict[str, tuple[str, str, dict]] = {}
+
+        def data(fields: dict) -> tuple[str, str, dict]:
+            """The generated QA of the GeneratedQAConfig fields among ``fields`` (made once per config)."""
+            config = GeneratedQAConfig(**{k: v for k, v in fields.items() if k in GeneratedQAConfig.model_fields})
+            key = config.model_dump_json()
+            if key not in datasets:
+                datasets[key] = generated_pairs(store, version, held, Path(tmp) / f"data-{len(datasets)}", config)
+            return datasets[key]
+
+        train, dev, counts = data(MAIN)
         retriever = IndexRetriever.load(store, version)
         # the untrained start as the recipe builds it (the index's own question encoder), at the main job's n_docs
         start = initial_model(TrainConfig(task="generated-qa", train=train, generator=generator, n_docs=2,
                                           max_context_length=160), retriever)
         start.eval()
-        em, found = dev_score(start, examples) if examples else (math.nan, math.nan)
+        em, found = dev_score(start, examples, "zero-shot") if examples and not args.skip_zero_shot else (math.nan, math.nan)
         rows.append(("zero-shot (no fine-tune)", "2", "", "", "", "", "", "", f"{em:.3f}", f"{found:.3f}", ""))
         print("#", rows[-1], file=sys.stderr)
         for name in names:
-            n_docs, batch, steps, blocks, lr = CANDIDATES[name]
+            fields = {**MAIN, **CANDIDATES[name]}
+            train, dev, _ = data(fields)  # the table's Data line gives MAIN's counts
+            fields = {k: v for k, v in fields.items() if k not in GeneratedQAConfig.model_fields}
             config = TrainConfig(task="generated-qa", train=train, dev=dev, generator=generator, index_version=version,
-                                 n_docs=n_docs, batch_size=batch, max_steps=steps, train_generator_layers=blocks,
-                                 lr=lr, max_context_length=160, checkpoint_every=0, max_dev_examples=args.dev_examples,
-                                 threads=args.threads, output=f"runs/choice-{name}")
+                                 max_context_length=160, checkpoint_every=0, max_dev_examples=args.dev_examples,
+                                 threads=args.threads, **fields)
+            # a folder per recipe and data: a rerun of a changed candidate must not resume another's checkpoint
+            config = config.model_copy(update={"output": f"runs/choice-{name}-{trajectory_key(config)}"})
+            n_docs, batch, steps, blocks, lr = (fields[k] for k in ("n_docs", "batch_size", "max_steps",
+                                                                     "train_generator_layers", "lr"))
             logger = MemoryLogger()
             began = time.perf_counter()
             result = run(config, store, logger=logger, retriever=retriever)
             seconds = time.perf_counter() - began
             model = load_model(store, retriever, Path(tmp) / name)
-            em, found = dev_score(model, examples) if examples else (math.nan, math.nan)
+            em, found = dev_score(model, examples, name) if examples else (math.nan, math.nan)
             head, tail = result.losses[:5], result.losses[-5:]
             dev_before, dev_after = result.dev_losses[0][1], result.dev_losses[-1][1]
             rows.append((name, str(n_docs), str(batch), str(steps), "all" if blocks is None else str(blocks),

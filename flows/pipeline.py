@@ -85,8 +85,10 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
                                                             held_out_files=[held_out.dev, held_out.test])
     recipe = {"generator": generator, "max_steps": run.max_steps, "batch_size": run.batch_size, "lr": run.lr,
               "n_docs": run.n_docs, "max_context_length": run.max_context_length,
-              "train_generator_layers": run.train_layers, "checkpoint_every": 0,
-              "max_dev_examples": 16, "kind": "sequence"}
+              "train_generator_layers": run.train_layers, "train_question_encoder": run.train_question_encoder,
+              "checkpoint_every": 0, "kind": "sequence",
+              # four dev-loss points for the plot at the cost of two passes over 16
+              "eval_every": max(1, run.max_steps // 3), "max_dev_examples": 8}
     decoding = {"max_new_tokens": run.max_new_tokens, "mode": "fast", "precision": "auto"}
     requests = [FinetuneRequest(task="generated-qa", train=qa_data.train, dev=qa_data.dev, recipe=recipe,
                                 eval_examples=run.eval_examples, max_new_tokens=run.max_new_tokens,

@@ -62,6 +62,8 @@ class ShortRun(BaseModel):
     # last 10: 13.4) at about 2/3 of the step time (bench/train_layers_bench.py)
     train_layers: int | None = Field(15, ge=1, description="generator decoder blocks trained (the last ones); "
                                                            "None = every parameter")
+    train_question_encoder: bool = Field(True, description="train the question encoder too; False = retrieve "
+                                                            "as the index's own encoder does")
     eval_examples: int = Field(8, ge=1, description="generated dev questions evaluated, zero-shot and fine-tuned "
                                                     "(the fine-tune's own gate; the real questions gate wikirag-qa)")
     # Each is answered three times (zero-shot, fine-tuned, closed-book): 40 of the sample's 70 keeps the gate

@@ -103,6 +103,9 @@ class TrainConfig(BaseModel):
         None, ge=1, description="train only the generator's last N decoder blocks (and its final norm), freezing "
                                 "the rest: the backward pass stops there, so a step costs less; None = every "
                                 "parameter (the paper)")
+    train_question_encoder: bool = Field(True, description="train the question tower too (the paper); False = "
+                                                            "retrieve as the index's own encoder does, train the "
+                                                            "generator only")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="epsilon of the paper's label smoothing")
     dropout: float | None = Field(None, ge=0.0, lt=1.0, description="every dropout probability in both towers; "
                                                                      "None = the models' own")
@@ -311,6 +314,8 @@ class Recipe:
 
             trained, blocks = train_last_blocks(self.model.generator, c.train_generator_layers)
             log.info("generator: training its last %d of %d decoder blocks, the rest frozen", trained, blocks)
+        if not c.train_question_encoder:
+            self.model.question_encoder.requires_grad_(False)
         if c.activation_checkpointing and getattr(self.model.generator, "supports_gradient_checkpointing", False):
             # non-reentrant: exact with frozen blocks below and inputs that need no gradient
             self.model.generator.activation_checkpointing_enable({"use_reentrant": False})

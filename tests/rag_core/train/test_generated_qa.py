@@ -28,43 +28,52 @@ from rag_core.wiki.ingest import read_passages
 from tests.helpers.passagefiles import sample_passages
 from tests.rag_core.train.generatedqafiles import publish_minilm_index
 
-# (sentence, rule, question, answer): each rule worked by hand on a sentence of the kind it is for.
-HAND_WORKED = [
-    ("Albert Einstein was born on 14 March 1879 in Ulm.", "born-when", "When was Albert Einstein born?",
-     "14 March 1879"),
-    ("Albert Einstein was born in Ulm, in the Kingdom of Württemberg.", "born-where",
-     "Where was Albert Einstein born?", "Ulm"),
-    ("Tarkovsky died on 29 December 1986.", "died-when", "When did Tarkovsky die?", "29 December 1986"),
-    ("Tarkovsky died in Paris on 29 December 1986.", "died-where", "Where did Tarkovsky die?", "Paris"),
-    ("The Mexican Anarchist Federation was established in 1945.", "made-when",
-     "When was the Mexican Anarchist Federation established?", "1945"),
-    ("Connes was awarded the Fields Medal in 1982.", "made-when", "When was Connes awarded the Fields Medal?", "1982"),
-    ("Hamlet was written by William Shakespeare.", "made-by", "Who wrote Hamlet?", "William Shakespeare"),
-    ("King George III issued a Proclamation of Rebellion in August 1775.", "who-did",
-     "Who issued a Proclamation of Rebellion in August 1775?", "King George III"),
-    ("Soviet Union invaded Afghanistan in December 1979.", "who-did", "What invaded Afghanistan in December 1979?",
-     "Soviet Union"),
-    ("The National Museum of Afghanistan is located in Kabul.", "located",
-     "Where is the National Museum of Afghanistan located?", "Kabul"),
-    ("Angola has a population of 24,383,301 inhabitants according to the census.", "measure",
-     "What is the population of Angola?", "24,383,301 inhabitants"),
-    ("Alabama has 67 counties.", "how-many", "How many counties does Alabama have?", "67"),
-    ("Aristotle was the teacher of Alexander.", "role-of", "Who was the teacher of Alexander?", "Aristotle"),
-    ("Algiers is the capital of Algeria.", "role-of", "What is the capital of Algeria?", "Algiers"),
-    ("The capital of Alabama is Montgomery.", "of-is", "What is the capital of Alabama?", "Montgomery"),
-    ("The Kingdom of Albania was established by Charles of Anjou.", "made-by",
-     "Who established the Kingdom of Albania?", "Charles of Anjou"),
-    ("Spain joined the war in 1779.", "when-did", "When did Spain join the war?", "1779"),
-    ("Aldous Leonard Huxley (26 July 1894 – 22 November 1963) was an English writer.", "life-born",
-     "When was Aldous Leonard Huxley born?", "26 July 1894"),
-    ("Aldous Leonard Huxley (26 July 1894 – 22 November 1963) was an English writer.", "life-died",
-     "When did Aldous Leonard Huxley die?", "22 November 1963"),
-    ("Neil Armstrong was the first person to walk on the Moon.", "first-to",
-     "Who was the first person to walk on the Moon?", "Neil Armstrong"),
-    ("Tirana is a city in Albania.", "where-is", "Where is Tirana?", "Albania"),
-    ("Lincoln appointed 32 federal judges.", "how-many-did", "How many federal judges did Lincoln appoint?", "32"),
-    ("Alaska is also known as Alyeska.", "known-as", "What is Alaska also known as?", "Alyeska"),
-]
+
+def _cases(table: str) -> list[tuple[str, ...]]:
+    """The rows of a ``" | "``-separated table, one per line; an indented line goes on with the row above."""
+    rows: list[str] = []
+    for line in table.strip("\n").splitlines():
+        if line.startswith(" "):
+            rows[-1] += " " + line.strip()
+        else:
+            rows.append(line)
+    return [tuple(cell.strip() for cell in row.split(" | ")) for row in rows]
+
+
+# sentence | rule | question | answer: each rule worked by hand on a sentence of the kind it is for.
+HAND_WORKED = _cases("""
+Albert Einstein was born on 14 March 1879 in Ulm. | born-when | When was Albert Einstein born? | 14 March 1879
+Albert Einstein was born in Ulm, in the Kingdom of Württemberg. | born-where | Where was Albert Einstein born? | Ulm
+Tarkovsky died on 29 December 1986. | died-when | When did Tarkovsky die? | 29 December 1986
+Tarkovsky died in Paris on 29 December 1986. | died-where | Where did Tarkovsky die? | Paris
+The Mexican Anarchist Federation was established in 1945. | made-when |
+    When was the Mexican Anarchist Federation established? | 1945
+Connes was awarded the Fields Medal in 1982. | made-when | When was Connes awarded the Fields Medal? | 1982
+Hamlet was written by William Shakespeare. | made-by | Who wrote Hamlet? | William Shakespeare
+King George III issued a Proclamation of Rebellion in August 1775. | who-did |
+    Who issued a Proclamation of Rebellion in August 1775? | King George III
+Soviet Union invaded Afghanistan in December 1979. | who-did | What invaded Afghanistan in December 1979? | Soviet Union
+The National Museum of Afghanistan is located in Kabul. | located |
+    Where is the National Museum of Afghanistan located? | Kabul
+Angola has a population of 24,383,301 inhabitants according to the census. | measure |
+    What is the population of Angola? | 24,383,301 inhabitants
+Alabama has 67 counties. | how-many | How many counties does Alabama have? | 67
+Aristotle was the teacher of Alexander. | role-of | Who was the teacher of Alexander? | Aristotle
+Algiers is the capital of Algeria. | role-of | What is the capital of Algeria? | Algiers
+The capital of Alabama is Montgomery. | of-is | What is the capital of Alabama? | Montgomery
+The Kingdom of Albania was established by Charles of Anjou. | made-by |
+    Who established the Kingdom of Albania? | Charles of Anjou
+Spain joined the war in 1779. | when-did | When did Spain join the war? | 1779
+Aldous Leonard Huxley (26 July 1894 – 22 November 1963) was an English writer. | life-born |
+    When was Aldous Leonard Huxley born? | 26 July 1894
+Aldous Leonard Huxley (26 July 1894 – 22 November 1963) was an English writer. | life-died |
+    When did Aldous Leonard Huxley die? | 22 November 1963
+Neil Armstrong was the first person to walk on the Moon. | first-to |
+    Who was the first person to walk on the Moon? | Neil Armstrong
+Tirana is a city in Albania. | where-is | Where is Tirana? | Albania
+Lincoln appointed 32 federal judges. | how-many-did | How many federal judges did Lincoln appoint? | 32
+Alaska is also known as Alyeska. | known-as | What is Alaska also known as? | Alyeska
+""")
 
 
 @pytest.mark.parametrize(("sentence", "rule", "question", "answer"), HAND_WORKED)
@@ -193,7 +202,7 @@ def test_a_dev_file_without_questions_is_one_error_naming_it(tmp_path: Path) -> 
 def test_merge_asks_each_question_once_and_splits_by_page(index) -> None:
     store, search = index
     passages = read_passages(store, "gqa")
-    config = GeneratedQAConfig(dev_fraction=0.3)
+    config = GeneratedQAConfig(dev_fraction=0.3, when_share=1.0)
     part = shard_pairs(passages, 0, search, HeldOut(), config)
     twice = ShardPairs(part.table, part.counts)
     table, counts = merge_shards([part, twice], config)
@@ -203,6 +212,28 @@ def test_merge_asks_each_question_once_and_splits_by_page(index) -> None:
         by_page.setdefault(row["page_id"], set()).add(row["split"])
     assert all(len(splits) == 1 for splits in by_page.values())
     assert {"train", "dev"} == {s for splits in by_page.values() for s in splits}
+
+
+def _asks_when(table) -> list[bool]:
+    return [q.startswith("When ") for q in table.column("question").to_pylist()]
+
+
+def test_merge_thins_when_questions_to_their_share_and_keeps_every_other(index) -> None:
+    store, search = index
+    part = shard_pairs(read_passages(store, "gqa"), 0, search, HeldOut(), GeneratedQAConfig())
+    when = sum(_asks_when(part.table))
+    others = part.table.num_rows - when
+    assert 0 < others // 4 < when  # the sample's passages give more When questions than a fifth of the rows
+
+    table, counts = merge_shards([part], GeneratedQAConfig(when_share=0.2))
+    kept = sum(_asks_when(table))
+    assert kept == others // 4 and table.num_rows == others + kept == counts["kept"]  # 20% of the rows left
+    assert counts["when_capped"] == when - kept
+    questions = set(table.column("question").to_pylist())
+    assert all(q in questions for q, w in zip(part.table.column("question").to_pylist(), _asks_when(part.table),
+                                              strict=True) if not w)
+    whole, counts = merge_shards([part], GeneratedQAConfig(when_share=1.0))
+    assert whole.num_rows == part.table.num_rows and counts["when_capped"] == 0
 
 
 @pytest.mark.parametrize(("answer", "read", "agrees"), [

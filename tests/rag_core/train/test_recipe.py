@@ -181,3 +181,16 @@ def test_training_the_last_blocks_leaves_the_rest_of_the_generator_as_loaded(tin
     assert any(n.startswith("question_encoder.") for n in stated)  # the question tower still trains
     assert last.params["train_generator_layers"] == 1
     assert last.params["trainable_parameters"] < whole.params["trainable_parameters"]
+
+
+def test_a_frozen_question_encoder_is_left_out_of_the_optimizer(tiny: SimpleNamespace) -> None:
+    logger = MemoryLogger()
+    run(make_config(tiny, "runs/frozen-question-encoder", max_steps=1, train_question_encoder=False), tiny.store,
+        logger=logger)
+    run(make_config(tiny, "runs/trained-question-encoder", max_steps=1), tiny.store)
+    frozen, trained = (read_checkpoint(tiny.store.child(f"runs/{name}/checkpoints"), 1).state.param_names
+                       for name in ("frozen-question-encoder", "trained-question-encoder"))
+    tower = {n for n in trained if n.startswith("question_encoder.")}
+    assert tower and set(frozen) == set(trained) - tower  # the generator trains as before, the tower not at all
+    assert not any(k.startswith("question_encoder.") for k in gradients(tiny, "runs/frozen-question-encoder"))
+    assert logger.params["train_question_encoder"] is False
