@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from rag_core.capacity.plan import Rates
 from rag_core.errors import DumpError
@@ -77,8 +78,13 @@ def calibrate(dump: DumpSource, streams: list[Stream], dump_bytes: int, encoder:
     titles, texts = sample.column("title").to_pylist(), sample.column("text").to_pylist()
     config = encoder or EncoderConfig()
     model = Encoder.load(config)
-    model.encode_passages(titles[:8], texts[:8])  # first-call set-up is once per worker, not per passage
-    vectors, embed_cpu = _cpu(lambda: model.encode_passages(titles, texts))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a worker of one core: idle threads would spin and count as CPU time here
+    try:
+        model.encode_passages(titles[:8], texts[:8])  # first-call set-up is once per worker, not per passage
+        vectors, embed_cpu = _cpu(lambda: model.encode_passages(titles, texts))
+    finally:
+        torch.set_num_threads(threads)
 
     rng = np.random.default_rng(0)
     base = vectors[rng.integers(len(vectors), size=index_vectors)]

@@ -18,9 +18,10 @@ The model (each figure per the whole run, W = workers, one core each):
   embeddings (4 * dim + id bytes per passage) and the index version (the
   factory's bytes per vector + its passage table); the peak is their sum (a
   rebuild keeps all of them);
-* hours: start-up + dump bytes / (bytes parsed per CPU second x W) + passages / (passages
-  per CPU second x W) + vectors / (index vectors per CPU second x W) + per-shard
-  task overhead x shards / W;
+* hours: start-up, then per stage (ingest, embed, index) its CPU seconds over W,
+  CPU = fixed + overhead x calibrated compute (dump bytes / bytes parsed per CPU
+  second, passages / passages encoded per CPU second, vectors / vectors indexed
+  per CPU second; see STAGE_OVERHEAD);
 * RAM per worker: the worker's base (interpreter, torch, FAISS) + the largest
   of the encoder's working set, one shard's build (vectors + index) and its
   share of the whole index when the workers serve search (index bytes / W).
@@ -29,7 +30,7 @@ The model (each figure per the whole run, W = workers, one core each):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,10 +46,14 @@ from rag_core.index.faiss_index import (
 )
 
 GB = 1e9
-# Fixed costs of one rebuild, measured by bench/scale_bench.py on 2 cores: the Prefect server and Dask cluster
-# coming up, the gates and the publish (about 40 s together), and each shard's task runs (embed + index, about 3 s).
-STARTUP_S = 40.0
-PER_SHARD_S = 3.0
+# What a stage costs beyond the compute a calibration times, from bench/scale_bench.py's 30,000- and
+# 100,000-passage rebuilds (its 300,000 is the check): the process tree's CPU per stage was 1.3-1.4x the calibrated
+# compute (Prefect task runs and logs, the flow process, reading and writing parts, hashing) plus about 10 s
+# (a worker's model load and imports, the stage's gates).
+STAGE_OVERHEAD = 1.35
+STAGE_FIXED_CPU_S = {"ingest": 10.0, "embed": 10.0, "index": 0.0}
+# Wall time of the Prefect server and Dask cluster coming up and the publish (62-82 s there, loaded machine).
+STARTUP_S = 60.0
 # A Dask worker's resident memory before it holds data: Python, torch, transformers, FAISS, pyarrow imported
 # (bench/scale_bench.py's worker peak at 30,000 passages, rounded up).
 WORKER_BASE_BYTES = 900 * 1024**2
@@ -98,6 +103,8 @@ class Plan:
     hours: dict[str, float]
     worker_memory_bytes: float
     budget: Budget
+    rates: Rates
+    stream_bytes: int
     over: list[str] = field(default_factory=list)
 
     @property
@@ -117,7 +124,8 @@ class Plan:
                 "disk_total_gb": round(self.disk_total / GB, 3),
                 "hours": {k: round(v, 4) for k, v in self.hours.items()}, "hours_total": round(self.hours_total, 4),
                 "worker_memory_gb": round(self.worker_memory_bytes / GB, 2), "budget": self.budget.model_dump(),
-                "fits": not self.over, "over": self.over}
+                "fits": not self.over, "over": self.over, "rates": asdict(self.rates),
+                "dump_bytes": int(self.disk_bytes["dump"]), "stream_bytes": self.stream_bytes}
 
 
 def index_bytes_per_vector(factory: str, dim: int) -> float:
@@ -164,12 +172,12 @@ def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget
     disk = {"dump": float(dump_bytes), "passages": passages * rates.passage_bytes,
             "embeddings": passages * (4 * rates.dim + EMBEDDING_ID_BYTES),
             "index": passages * (per_vector + rates.index_text_bytes)}
-    hours = {"start-up, gates, publish": STARTUP_S / 3600,
-             "ingest": stream_bytes / (rates.parse_bytes_per_cpu_s * w) / 3600,
-             "embed": passages / (rates.embed_passages_per_cpu_s * w) / 3600,
-             "index": passages / (rates.index_vectors_per_cpu_s * w) / 3600,
-             "shard tasks": PER_SHARD_S * math.ceil(shards / w) / 3600}
-    plan = Plan(dump, pages, passages, factory, shards, disk, hours, worker_memory, budget)
+    compute = {"ingest": stream_bytes / rates.parse_bytes_per_cpu_s,
+               "embed": passages / rates.embed_passages_per_cpu_s,
+               "index": passages / rates.index_vectors_per_cpu_s}
+    hours = {"start-up, publish": STARTUP_S / 3600} | {
+        stage: (STAGE_FIXED_CPU_S[stage] + STAGE_OVERHEAD * cpu_s) / w / 3600 for stage, cpu_s in compute.items()}
+    plan = Plan(dump, pages, passages, factory, shards, disk, hours, worker_memory, budget, rates, stream_bytes)
     plan.over = over_budget(plan)
     return plan
 
