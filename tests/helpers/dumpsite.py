@@ -1,6 +1,7 @@
 """A Wikimedia-layout dump site on loopback, with real multistream dumps, for the dump check and mirror tests.
 
-``enwiki`` has two complete dated runs (20261101, 20261120: three articles edited, one added), and a run still in
+``enwiki`` has two complete dated runs (20261101, 20261120: three articles edited, each a new revision naming
+another capital, one added), and a run still in
 progress (20261201). ``dewiki`` has one run whose dump's published sha1 is wrong. The server honours Range, logs
 every request, and can be told to answer busy (429/503 with Retry-After) or to cut a response short.
 """
@@ -27,6 +28,8 @@ DUMP = "pages-articles-multistream.xml.bz2"
 INDEX = "pages-articles-multistream-index.txt.bz2"
 N_PAGES = 60
 EDITED = {3: "Canberra", 17: "Ottawa", 42: "Wellington"}  # page number -> the capital its article names in NEW
+COUNTRIES = {3: "Vexland", 17: "Quorria", 42: "Zembla"}  # the titles of those articles (the others: Article <k>)
+OLD_CAPITAL = "Oldtown"  # what every article names in OLD
 
 
 def site_pages(date: str) -> list[tuple[int, str, str]]:
@@ -37,10 +40,12 @@ def site_pages(date: str) -> list[tuple[int, str, str]]:
     pages = []
     for k in range(N_PAGES + (1 if date != OLD else 0)):
         capital = EDITED.get(k) if date != OLD else None
-        fact = f"The capital is {capital or 'Oldtown'}. "
+        fact = f"The capital is {capital or OLD_CAPITAL}. "
         words = " ".join(rng.choice(vocabulary) for _ in range(250))
-        title = f"Article {k}"
-        pages.append((1000 + k, title, page_xml(1000 + k, title, fact + words)))
+        title = COUNTRIES.get(k, f"Article {k}")
+        revision = (1000 + k) * 10 + (capital is not None)  # an edit is a new revision, as on Wikipedia
+        pages.append((1000 + k, title, page_xml(1000 + k, title, None,
+                                                revisions=[(revision, "2026-11-01T00:00:00Z", fact + words)])))
     return pages
 
 

@@ -71,13 +71,20 @@ def two_versions(root: Path, n_dev: int = 6) -> TwoVersions:
 
 def register_trained(tracking_uri: str, versions: TwoVersions, index_version: str, value: float) -> str:
     """Register the model bound to ``index_version`` as a fine-tune would (its run names the dev set); its version."""
+    return register_champion(tracking_uri, versions.store, versions.model_dir, versions.dev_url, len(versions.dev),
+                             index_version, value)
+
+
+def register_champion(tracking_uri: str, store: Store, model_dir: Path, dev_url: str, n_dev: int,
+                      index_version: str, value: float = 0.0) -> str:
+    """Register the saved RAG model ``model_dir`` as ``wikirag-cloze`` bound to ``index_version`` of ``store``, as a
+    fine-tune would (its run names the dev set, of ``n_dev`` questions); the version registered."""
     from tasks.adapters.mlflow_registry import log_rag_model, register
     from tasks.adapters.mlflow_tracking import tracked_run
 
-    tags = {"wikirag.task": "cloze", "wikirag.dev": versions.dev_url}
+    tags = {"wikirag.task": "cloze", "wikirag.dev": dev_url}
     with tracked_run(tracking_uri, "wikirag-cloze", "finetune", tags) as run:
-        run.log_params({"max_dev_examples": len(versions.dev)})
-        uri = log_rag_model(tracking_uri, run.run_id, versions.model_dir, store_url=versions.store.url,
-                            index_version=index_version)
+        run.log_params({"max_dev_examples": n_dev})
+        uri = log_rag_model(tracking_uri, run.run_id, model_dir, store_url=store.url, index_version=index_version)
         return register(tracking_uri, uri, "cloze", run_id=run.run_id, metric="em", value=value, margin=0.0,
-                        store=versions.store, index_version=index_version).version
+                        store=store, index_version=index_version).version
