@@ -65,7 +65,7 @@ class GeneratedQAConfig(BaseModel):
     dev_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # share of pages whose pairs form the dev split
     min_pairs: int = Field(10, ge=1)  # the gate fails below this many kept pairs (too few to train on)
     # The rules find dates far more often than people ask for them (on the sample: 56% of kept pairs ask When,
-    # 8% of the real dev questions do); a reader trained on that mix answers other questions with years.
+    # 3 of the 50 real dev questions do); a reader trained on that mix answers other questions with years.
     when_share: float = Field(0.2, gt=0.0, le=1.0)  # kept pairs asking "When ..." at most this share (1: no cap)
 
 
