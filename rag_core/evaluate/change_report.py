@@ -164,7 +164,7 @@ def to_markdown(report: ChangeReport) -> str:
              f"Removed: {_listed(pages.removed)}."]
     for model in report.models:
         lines += ["", f"## {model.name} v{model.version} (bound to `{model.bound_index}`)",
-                  f"{'Re-bound' if model.rebound else 'Kept'}: {_cell(model.reason)}.",
+                  f"{'Re-bound' if model.rebound else 'Kept'}: {model.reason.replace('|', '/')}.",
                   f"Dev questions whose gold passage changed: {len(model.changed_gold)}; answers that changed: "
                   f"{len(model.answers)}."]
         if model.answers:
