@@ -1,8 +1,8 @@
 """What an index rebuild of a dump will take, from the dump's multistream index and measured rates.
 
-:func:`predict` is arithmetic only: pages (counted from the index) times the
-rates a :class:`~rag_core.capacity.calibration.Calibration` measured on a few
-of the dump's streams give passages, bytes per stage, RAM per worker and hours
+:func:`predict` is arithmetic only: the dump's size and the :class:`Rates`
+that :func:`rag_core.capacity.calibration.calibrate` measured on a few of its
+streams give passages, bytes per stage, RAM per worker and hours
 per stage; the index factory comes from the index stage's own ``auto`` rule
 (:func:`rag_core.index.faiss_index.choose_factory`) with the workers' memory as
 its budget, and the shard count from the embedding stage's rule, raised until
@@ -47,10 +47,10 @@ from rag_core.index.faiss_index import (
 
 GB = 1e9
 # What a stage costs beyond the compute a calibration times, from bench/scale_bench.py's 30,000- and
-# 100,000-passage rebuilds (its 300,000 is the check): the process tree's CPU per stage was 1.3-1.4x the calibrated
-# compute (Prefect task runs and logs, the flow process, reading and writing parts, hashing) plus about 10 s
-# (a worker's model load and imports, the stage's gates).
-STAGE_OVERHEAD = 1.35
+# 100,000-passage rebuilds (its 300,000 is the check): the process tree's CPU per stage was fixed + overhead x the
+# calibrated compute. Ingest and embed also read and write parts, hash texts and log Prefect task runs (1.35x, and
+# about 10 s for a worker's model load and the stage's gates); the index stage reads vectors only (1.15x).
+STAGE_OVERHEAD = {"ingest": 1.35, "embed": 1.35, "index": 1.15}
 STAGE_FIXED_CPU_S = {"ingest": 10.0, "embed": 10.0, "index": 0.0}
 # Wall time of the Prefect server and Dask cluster coming up and the publish (62-82 s there, loaded machine).
 STARTUP_S = 60.0
@@ -176,7 +176,7 @@ def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget
                "embed": passages / rates.embed_passages_per_cpu_s,
                "index": passages / rates.index_vectors_per_cpu_s}
     hours = {"start-up, publish": STARTUP_S / 3600} | {
-        stage: (STAGE_FIXED_CPU_S[stage] + STAGE_OVERHEAD * cpu_s) / w / 3600 for stage, cpu_s in compute.items()}
+        stage: (STAGE_FIXED_CPU_S[stage] + STAGE_OVERHEAD[stage] * cpu_s) / w / 3600 for stage, cpu_s in compute.items()}
     plan = Plan(dump, pages, passages, factory, shards, disk, hours, worker_memory, budget, rates, stream_bytes)
     plan.over = over_budget(plan)
     return plan
