@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from cli.flow_runs import import_flow, quiet_expected_tracebacks
 from cli.options import add_engine, add_nproc, add_store, config_option, default, given
 from rag_core.errors import WikiragError
-from rag_core.index.build import GateConfig
+from rag_core.index.plan import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
@@ -123,7 +123,7 @@ def warm_encoder(embed: EmbedConfig) -> None:
     ``load_encoder`` keeps it per process, so the plan then finds it loaded: a fresh server's boot (~15 s on
     2 cores) hides the imports and the weights' load and hash (~7 s), and a bad encoder path fails before any flow.
     """
-    from rag_core.index.build import load_encoder
+    from rag_core.index.plan import load_encoder
 
     load_encoder(embed.encoder)
 
