@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import typing
 
 from cli.options import config_option, default, given
@@ -13,12 +14,31 @@ from rag_core.index.encoders import EncoderConfig
 from runtime.settings import Settings
 
 
+BUDGET_FIELDS = ("worker_memory_gb", "disk_gb", "deadline_hours")
+
+
+def budget_of(args: argparse.Namespace, settings: Settings) -> Budget:
+    """The budget the flags give; a limit not given is no limit."""
+    return Budget(workers=args.workers or settings.workers, **given(args, **{f: f for f in BUDGET_FIELDS}))
+
+
+def add_budget_options(p: argparse.ArgumentParser) -> None:
+    """--worker-memory-gb, --disk-gb, --deadline-hours: of ``wikirag plan`` and ``index-rebuild``."""
+    config_option(p, "--worker-memory-gb", Budget, "worker_memory_gb", "RAM of one worker, GB (default: no limit)")
+    config_option(p, "--disk-gb", Budget, "disk_gb", "disk for the dump and the store, GB (default: no limit)")
+    config_option(p, "--deadline-hours", Budget, "deadline_hours", "hours the rebuild may take (default: no limit)")
+
+
+def check_rebuild_fits(args: argparse.Namespace, settings: Settings, encoder: EncoderConfig) -> None:
+    """``index-rebuild`` with any budget flag: the plan first, and a refusal in one line before any work."""
+    if any(getattr(args, f, None) is not None for f in BUDGET_FIELDS):
+        plan = check_budget(plan_rebuild(args.dump, args.index, budget_of(args, settings), encoder))
+        print(describe(plan), file=sys.stderr)  # stdout stays the version the rebuild prints
+
+
 def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
-    budget = Budget(workers=args.workers or settings.workers,
-                    **given(args, worker_memory_gb="worker_memory_gb", disk_gb="disk_gb",
-                            deadline_hours="deadline_hours"))
     encoder = EncoderConfig(**given(args, path="encoder", dtype="encoder_dtype"))
-    plan = plan_rebuild(args.dump, args.index, budget, encoder, n_streams=args.sample_streams)
+    plan = plan_rebuild(args.dump, args.index, budget_of(args, settings), encoder, n_streams=args.sample_streams)
     print(json.dumps(plan.summary()) if args.json else describe(plan))
     check_budget(plan)  # after the figures: a refusal is one line on stderr, the plan above it shows why
     return 0
@@ -44,9 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dump", help="multistream dump path or URL (...-pages-articles-multistream.xml.bz2)")
     p.add_argument("--index", help="its multistream index (default: ...-multistream-index.txt.bz2 beside the dump)")
     p.add_argument("--workers", type=int, help="Dask workers, one core each (default: one per core here)")
-    config_option(p, "--worker-memory-gb", Budget, "worker_memory_gb", "RAM of one worker, GB (default: no limit)")
-    config_option(p, "--disk-gb", Budget, "disk_gb", "disk for the dump and the store, GB (default: no limit)")
-    config_option(p, "--deadline-hours", Budget, "deadline_hours", "hours the rebuild may take (default: no limit)")
+    add_budget_options(p)
     p.add_argument("--encoder", help="local encoder directory (default: the packaged all-MiniLM-L6-v2)")
     p.add_argument("--encoder-dtype", choices=typing.get_args(EncoderConfig.model_fields["dtype"].annotation),
                    help=f"weights dtype (default {default(EncoderConfig, 'dtype')})")

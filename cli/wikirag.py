@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from cli.flow_runs import import_flow, quiet_expected_tracebacks
 from cli.options import add_engine, add_nproc, add_store, config_option, default, given
+from cli.plan import add_budget_options, check_rebuild_fits
 from rag_core.errors import WikiragError
 from rag_core.index.plan import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
@@ -182,7 +183,9 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_index_rebuild(args: argparse.Namespace, settings: Settings) -> int:
-    print(run_index_rebuild(settings, rebuild_configs(args)))
+    configs = rebuild_configs(args)
+    check_rebuild_fits(args, settings, configs[1].encoder)
+    print(run_index_rebuild(settings, configs))
     return 0
 
 
@@ -363,6 +366,7 @@ def add_index_rebuild(sub: Any) -> None:
     budget = default(IndexConfig, "memory_budget_bytes")
     p.add_argument("--memory-budget-gb", type=float, help="auto: RAM the whole index may take, in GiB (default: "
                    f"{'no limit' if budget is None else f'{budget / (1 << 30):g}'})")
+    add_budget_options(p)  # any of them: the capacity plan is checked before any work (as `wikirag plan`)
     p.set_defaults(func=cmd_index_rebuild)
 
 

@@ -62,3 +62,14 @@ def test_a_malformed_index_is_named(dump, home: Path, tmp_path: Path, capsys: py
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1] == ("wikirag: error: enwiki-bad-index.txt.bz2: line 2 is not "
                                            "'offset:page_id:title'; give the dump's multistream index")
+
+
+def test_index_rebuild_with_a_budget_it_does_not_fit_is_refused_before_any_work(
+        dump, home: Path, capsys: pytest.CaptureFixture) -> None:
+    path, index, tiny = dump
+    code, out, err = wikirag(capsys, "index-rebuild", str(path), "--index", str(index), "--workers", "1",
+                             "--encoder", str(tiny), "--encoder-dtype", "float32", "--disk-gb", "0.0001")
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(f"wikirag: error: {path}: a rebuild of ")
+    assert "(budget 0.0001 GB)" in err
+    assert not (home / "store").exists() and not (home / "prefect").exists()  # no ingest, no Prefect server
