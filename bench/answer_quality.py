@@ -6,9 +6,8 @@ generator from ``wikirag models fetch``, zero-shot), the same questions for all 
 WebQuestions and CuratedTrec questions answerable from the sample; dev is what the reader was tuned
 on, test is held out).
 
-The reader is rag_core's default: short answers, grounded decoding (an answer whose span is in none
-of its passages is decoded again under a mask that admits only passage spans, behind its reply's
-lead-in; rag_core.model.grounded_decoding). Reported: exact match and token F1 (SQuAD normalisation:
+The reader is rag_core's default: short answers (rag_core.model.extract), RAG-Sequence's best
+candidate whose answer is in its passages, grounded decoding off (RagConfig.grounded). Reported: exact match and token F1 (SQuAD normalisation:
 lower case, no punctuation or articles),
 answer-in-output (a normalised answer occurs in the normalised output, whole words), mean and
 median answer words, seconds per question (one torch thread), and retrieval recall@n_docs (an

@@ -6,7 +6,8 @@ second sentence after the answer. :func:`short_answer` cuts the reply down to th
 by rules that read only the reply and the question, in this order:
 
 1. the first sentence (a full stop, ! or ? followed by a capital letter; "St." and "U.S." stay);
-2. lead-ins: "The answer is", "Answer:", "According to the passage," and the like;
+2. lead-ins: "The answer is", "Answer:", "According to the passage," and the like, and the articles,
+   prepositions and copulas a reply cut at its token limit ends with ("The Treaty of Paris was the");
 3. a restated question at the front: the longest leading run of words that are all the
    question's own words or function words, when it holds a copula ("The capital of Algeria
    is") or two of the question's content words and ends in a preposition or a colon
@@ -22,8 +23,9 @@ by rules that read only the reply and the question, in this order:
 :func:`grounded_choice` is the reader's last step for RAG-Sequence: of the candidates ranked by
 p(y|x), the best whose short answer occurs, whole words after SQuAD normalisation, in one of the
 passages the question retrieved and is not made of the question's own words (:func:`is_grounded`);
-the best overall when none does. When none does, the reader decodes again under the grounded mask
-(:mod:`rag_core.model.grounded_decoding`), behind the reply's :func:`lead_in`. A small generator's likelihoods
+the best overall when none does. When none does and ``RagConfig.grounded`` is set (off by default), the
+reader decodes again under the grounded mask (:mod:`rag_core.model.grounded_decoding`), behind the reply's
+:func:`lead_in`. A small generator's likelihoods
 favour short, fluent replies whatever the passages say ("Djokovic" over a sentence naming the player
 the passage names); the text of the passages does not.
 
@@ -50,6 +52,8 @@ _QUOTES = "\"“”'‘’"
 _WORD_EDGES = "\"'“”‘’.,;:!?()[]"
 COPULAS = frozenset("is was were are be been being has have had does did do 's".split())
 PREPOSITIONS = frozenset("of in on at by to from for with as into during than after before about".split())
+# what a reply cut mid-sentence ends with; "be" and "who" stay, as titles end with them ("Let It Be", "The Who")
+DANGLING = PREPOSITIONS | frozenset("the a an and or is was were are".split())
 FUNCTION_WORDS = COPULAS | PREPOSITIONS | frozenset(
     "the a an and or it its his her their this that these those which who whom whose what when where why how "
     "not also known called named located situated".split())
@@ -149,6 +153,8 @@ def short_answer(reply: str, question: str) -> str:
     text = _strip_lead_in(text)
     q = _Question(question)
     words = text.split()
+    while len(words) > 1 and _bare(words[-1]) in DANGLING and words[-1][-1:].isalpha():  # "was the." ended a sentence
+        words.pop()
     words = _front(words, q) or words
     words = _back(words, q) or words
     text = " ".join(_agent(words, q))

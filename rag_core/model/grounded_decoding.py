@@ -1,11 +1,12 @@
 """Grounded decoding: a short answer is a span of the passages it was retrieved with, enforced while decoding.
 
 A small generator's parametric prior can outvote the passage in its own prompt ("capital of Alaska"
--> "Anchorage" beside a passage that says Juneau). For short-answer tasks the reader therefore
-decodes under a logits mask: at every step only the tokens that continue some span of the passages
-are allowed, and a stop token only after a complete word. The generator still chooses the span
-(its likelihoods, the doc-score marginalisation and the ranking of RAG-Sequence candidates by
-p(y|x) are unchanged); it cannot leave the passages.
+-> "Anchorage" beside a passage that says Juneau). With ``RagConfig.grounded`` (off by default: when
+the passages do not hold the answer, a forced span is a wrong answer read from an unrelated passage)
+the reader decodes such a reply again under a logits mask: at every step only the tokens that
+continue some span of the passages are allowed, and a stop token only after a complete word. The
+generator still chooses the span (its likelihoods, the doc-score marginalisation and the ranking of
+RAG-Sequence candidates by p(y|x) are unchanged); it cannot leave the passages.
 
 :class:`PassageSpans` is the prefix trie of a set of passages' spans: for every word start of every
 passage, the token ids of the text from there on (up to ``max_words`` words), once as the word

@@ -131,8 +131,11 @@ class RagConfig(BaseModel):
     short_answers: bool = Field(True, description="generate() returns each reply's answer span, RAG-Sequence the "
                                                   "best one found in its passages (rag_core.model.extract); "
                                                   "False: the best reply as generated (Jeopardy, MS-MARCO)")
-    grounded: bool = Field(True, description="with short_answers and a decoder-only generator: decode only spans "
-                                             "of the retrieved passages (rag_core.model.grounded_decoding)")
+    grounded: bool = Field(False, description="with short_answers and a decoder-only generator: decode a reply "
+                                              "whose answer is in none of its passages again, under a mask that "
+                                              "admits only passage spans (rag_core.model.grounded_decoding). Off: "
+                                              "when retrieval misses, a forced span is a wrong answer taken from "
+                                              "an unrelated passage")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
     device: str = Field("cpu", description="torch device for both towers")

@@ -44,6 +44,11 @@ CASES = [
      "Who coined the word altruism?", "Auguste Comte"),
     ("The primary election was won by the incumbent Republican Governor, Kay Ivey.",
      "who won the alabama governors race in the primary election", "Kay Ivey"),
+    # a reply cut at the token limit: the dangling copula and article go, titles that end in such words stay
+    ("The Treaty of Paris (1783) was the", "Which treaty ended the American Revolutionary War?", "The Treaty of Paris"),
+    ("The capital of Algeria is Algiers, a city on the", "What is the capital of Algeria?", "Algiers"),
+    ("Let It Be", "Which was the last album the Beatles released?", "Let It Be"),
+    ("The Who", "Which band released Tommy in 1969?", "The Who"),
     # short answers stay as they are: abbreviations, quotes around the whole, words that start like a lead-in
     ("Algiers", "What is the capital of Algeria?", "Algiers"),
     ("St. Petersburg", "In which city was Ayn Rand born?", "St. Petersburg"),

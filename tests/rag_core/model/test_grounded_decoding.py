@@ -115,7 +115,7 @@ def test_sequence_candidates_are_their_passages_spans_ranked_by_the_unconstraine
 @pytest.mark.parametrize("kind", ["sequence", "token"])
 def test_generate_answers_from_the_passages_and_closed_book_stays_free(indexes: SimpleNamespace,
                                                                       llama_dir: Path, kind: str) -> None:
-    model = llama_model(indexes, llama_dir, n_docs=2, kind=kind)
+    model = llama_model(indexes, llama_dir, n_docs=2, kind=kind, grounded=True)  # opt-in (off by default)
     batch = model.retrieve(QUESTIONS)
     answers = model.generate(batch, max_new_tokens=48)
     for row, answer in enumerate(answers):
@@ -129,3 +129,4 @@ def test_generate_answers_from_the_passages_and_closed_book_stays_free(indexes: 
     closed = model.generate(model.closed_book(QUESTIONS), max_new_tokens=8)
     model.config = free.model_copy(update={"grounded": True})
     assert model.generate(model.closed_book(QUESTIONS), max_new_tokens=8) == closed  # no passages, nothing to ground
+
