@@ -1,0 +1,82 @@
+"""The torch device every wikirag model runs on, and the process-group backend that goes with it.
+
+One rule, so that the encoder, training and evaluation agree (:func:`choose_device`):
+
+- ``WIKIRAG_DEVICE`` (``cpu``, ``cuda`` or ``cuda:N``) forces a device; an unknown value, or ``cuda``
+  on a machine where torch sees no CUDA device, is refused in one line;
+- an explicit device from a config (anything but ``auto``) wins over the rule, checked the same way;
+- otherwise ``auto``: ``cuda:LOCAL_RANK`` (``cuda:0`` outside a torchrun rank) where torch sees a CUDA
+  device, else ``cpu``. The index is explicit so that DDP's ``device_ids`` and ``torch.cuda.set_device``
+  get one.
+
+The precision on that device is :func:`rag_core.perf.precision.choose_precision` (bf16 on GPUs that
+support it). Distributed training uses NCCL on CUDA and gloo on CPU (:func:`process_group_backend`):
+gloo cannot reduce CUDA tensors without copying them to the host, and NCCL does not run on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from rag_core.errors import WikiragError
+
+ENV = "WIKIRAG_DEVICE"
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class DeviceError(WikiragError):
+    """A device that cannot be used here (an unknown name, or CUDA asked for on a machine without it)."""
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (False with a CPU-only torch build)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def decide_device(requested: str, *, cuda: bool, local_rank: int = 0, source: str = "device") -> str:
+    """The rule in the module docstring with the facts passed in: ``requested`` (auto/cpu/cuda/cuda:N), whether
+    CUDA is present, and the rank's local index (auto on CUDA gives ``cuda:LOCAL_RANK``)."""
+    value = requested.strip().lower()
+    if not _DEVICE.match(value):
+        raise DeviceError(f"{source} {requested!r} is not a device; use auto, cpu, cuda or cuda:N")
+    if value == "auto":
+        return f"cuda:{local_rank}" if cuda else "cpu"
+    if value.startswith("cuda") and not cuda:
+        raise DeviceError(f"{source} {requested!r}: torch sees no CUDA device here (CPU-only torch build or no GPU); "
+                          f"use cpu or auto, or install a CUDA build of torch")
+    return value
+
+
+def choose_device(requested: str = "auto", *, local_rank: int = 0, environ: Mapping[str, str] | None = None) -> str:
+    """The device to run on: ``WIKIRAG_DEVICE`` when set and ``requested`` is ``auto``, else ``requested``,
+    resolved by :func:`decide_device` against this machine."""
+    env = os.environ if environ is None else environ
+    forced = env.get(ENV, "").strip()
+    source = "device"
+    if requested.strip().lower() == "auto" and forced:
+        requested, source = forced, ENV
+    value = requested.strip().lower()
+    # torch is imported only when the answer depends on it: ``cpu`` is cpu on any build
+    cuda = value != "cpu" and _DEVICE.match(value) is not None and cuda_available()
+    return decide_device(requested, cuda=cuda, local_rank=local_rank, source=source)
+
+
+def process_group_backend(device: str) -> str:
+    """The torch.distributed backend for ranks on ``device``: ``nccl`` on CUDA, ``gloo`` on CPU."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def describe_device(device: str) -> str:
+    """One line naming the device: the GPU's name, memory and bf16 support on CUDA; ``cpu`` otherwise."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(device))
+    bf16 = "bf16" if torch.cuda.is_bf16_supported() else "no bf16"
+    return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, "
+            f"{bf16}, CUDA {torch.version.cuda}, torch {torch.__version__}")
