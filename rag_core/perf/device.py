@@ -70,6 +70,20 @@ def process_group_backend(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
+def cuda_native_bf16(device: str) -> bool:
+    """Whether the GPU ``device`` computes bf16 natively (compute capability 8.0+, or ROCm).
+
+    Not ``torch.cuda.is_bf16_supported()``: by default that also answers True where bf16 is only emulated
+    (a T4 or V100 can hold bf16 tensors but has no bf16 tensor cores, so bf16 runs slower than float32), and
+    it asks about the current device rather than ``device``.
+    """
+    import torch
+
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_properties(torch.device(device)).major >= 8
+
+
 def describe_device(device: str) -> str:
     """One line naming the device: the GPU's name, memory and bf16 support on CUDA; ``cpu`` otherwise."""
     if not device.startswith("cuda"):
@@ -77,6 +91,6 @@ def describe_device(device: str) -> str:
     import torch
 
     props = torch.cuda.get_device_properties(torch.device(device))
-    bf16 = "bf16" if torch.cuda.is_bf16_supported() else "no bf16"
+    bf16 = "native bf16" if cuda_native_bf16(device) else "no native bf16"
     return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, "
             f"{bf16}, CUDA {torch.version.cuda}, torch {torch.__version__}")

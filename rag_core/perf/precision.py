@@ -4,12 +4,14 @@ Machines of one kind differ from day to day: an Intel CPU with AMX computes
 bf16 matmuls ~70x faster than an AMD EPYC with AVX2 only, where bf16 is
 ~50x *slower* than float32 (../shared/STACK.md). So no dtype is fixed in
 code: :func:`choose_precision` decides where the model loads, once per
-process and device, and says why.
+process and device, and says why. Which device that is, is
+:func:`rag_core.perf.device.choose_device`'s rule.
 
 The rule (:func:`decide_precision`, pure, so tests cover every branch):
 
 - an explicit ``float32`` or ``bfloat16`` wins;
-- ``auto`` on CUDA: bf16 where the device supports it, else float32;
+- ``auto`` on CUDA: bf16 where the GPU computes it natively (compute capability 8.0+,
+  :func:`rag_core.perf.device.cuda_native_bf16`), else float32;
 - ``auto`` on CPU: float32 unless torch's CPU capability is AVX512 or
   better *and* the CPU flags show native bf16 (``avx512_bf16`` or
   ``amx_bf16``) *and* a short timed probe (a 256x384 @ 384x1536 matmul on one
@@ -132,9 +134,9 @@ def _auto_precision(device: str, machinery_on: bool) -> Precision:
     if not machinery_on:
         precision = Precision("float32", "performance machinery off (WIKIRAG_PERF=off)")
     elif device.startswith("cuda"):
-        import torch
+        from rag_core.perf.device import cuda_native_bf16
 
-        precision = decide_precision("auto", device, cuda_bf16=torch.cuda.is_bf16_supported())
+        precision = decide_precision("auto", device, cuda_bf16=cuda_native_bf16(device))
     else:
         _, flags = cpuinfo()
         capability = cpu_capability()
