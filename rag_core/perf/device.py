@@ -6,8 +6,8 @@ One rule, so that the encoder, training and evaluation agree (:func:`choose_devi
   on a machine where torch sees no CUDA device, is refused in one line;
 - an explicit device from a config (anything but ``auto``) wins over the rule, checked the same way;
 - otherwise ``auto``: ``cuda:LOCAL_RANK`` (``cuda:0`` outside a torchrun rank) where torch sees a CUDA
-  device, else ``cpu``. The index is explicit so that DDP's ``device_ids`` and ``torch.cuda.set_device``
-  get one.
+  device, else ``cpu``. A bare ``cuda`` also becomes ``cuda:LOCAL_RANK``: each rank of a node gets its own
+  GPU, and DDP's ``device_ids`` and ``torch.cuda.set_device`` get an index; ``cuda:N`` is kept as given.
 
 The precision on that device is :func:`rag_core.perf.precision.choose_precision` (bf16 on GPUs that
 support it). Distributed training uses NCCL on CUDA and gloo on CPU (:func:`process_group_backend`):
@@ -37,18 +37,29 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def decide_device(requested: str, *, cuda: bool, local_rank: int = 0, source: str = "device") -> str:
-    """The rule in the module docstring with the facts passed in: ``requested`` (auto/cpu/cuda/cuda:N), whether
-    CUDA is present, and the rank's local index (auto on CUDA gives ``cuda:LOCAL_RANK``)."""
+def cuda_device_count() -> int:
+    """How many CUDA devices torch sees (0 with a CPU-only torch build)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def decide_device(requested: str, *, cuda: int, local_rank: int = 0, source: str = "device") -> str:
+    """The rule in the module docstring with the facts passed in: ``requested`` (auto/cpu/cuda/cuda:N), how many
+    CUDA devices there are (0: none), and the rank's local index (auto on CUDA gives ``cuda:LOCAL_RANK``)."""
     value = requested.strip().lower()
     if not _DEVICE.match(value):
         raise DeviceError(f"{source} {requested!r} is not a device; use auto, cpu, cuda or cuda:N")
-    if value == "auto":
-        return f"cuda:{local_rank}" if cuda else "cpu"
-    if value.startswith("cuda") and not cuda:
+    if value == "cpu" or (value == "auto" and not cuda):
+        return "cpu"
+    if not cuda:
         raise DeviceError(f"{source} {requested!r}: torch sees no CUDA device here (CPU-only torch build or no GPU); "
                           f"use cpu or auto, or install a CUDA build of torch")
-    return value
+    device = value if ":" in value else f"cuda:{local_rank}"
+    if int(device.split(":")[1]) >= cuda:
+        raise DeviceError(f"{source} {requested!r} is {device}, but torch sees {cuda} CUDA device(s) here; "
+                          f"run at most {cuda} ranks per node (--nproc) or name a device below cuda:{cuda}")
+    return device
 
 
 def choose_device(requested: str = "auto", *, local_rank: int = 0, environ: Mapping[str, str] | None = None) -> str:
@@ -61,7 +72,7 @@ def choose_device(requested: str = "auto", *, local_rank: int = 0, environ: Mapp
         requested, source = forced, ENV
     value = requested.strip().lower()
     # torch is imported only when the answer depends on it: ``cpu`` is cpu on any build
-    cuda = value != "cpu" and _DEVICE.match(value) is not None and cuda_available()
+    cuda = cuda_device_count() if value != "cpu" and _DEVICE.match(value) else 0
     return decide_device(requested, cuda=cuda, local_rank=local_rank, source=source)
 
 

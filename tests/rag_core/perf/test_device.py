@@ -14,23 +14,25 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refus
 
 
 @pytest.mark.parametrize(("requested", "cuda", "rank", "expected"), [
-    ("auto", False, 0, "cpu"),
-    ("auto", False, 3, "cpu"),
-    ("auto", True, 0, "cuda:0"),
-    ("auto", True, 3, "cuda:3"),
-    ("cpu", True, 0, "cpu"),
-    ("cuda", True, 2, "cuda"),
-    ("cuda:1", True, 0, "cuda:1"),
-    (" CUDA:1 ", True, 0, "cuda:1"),
+    ("auto", 0, 0, "cpu"),
+    ("auto", 0, 3, "cpu"),
+    ("auto", 1, 0, "cuda:0"),
+    ("auto", 4, 3, "cuda:3"),
+    ("cpu", 2, 0, "cpu"),
+    ("cuda", 1, 0, "cuda:0"),
+    ("cuda", 4, 2, "cuda:2"),
+    ("cuda:1", 4, 2, "cuda:1"),
+    ("cuda:1", 2, 0, "cuda:1"),
+    (" CUDA:1 ", 2, 0, "cuda:1"),
 ])
-def test_decide_device(requested: str, cuda: bool, rank: int, expected: str) -> None:
+def test_decide_device(requested: str, cuda: int, rank: int, expected: str) -> None:
     assert decide_device(requested, cuda=cuda, local_rank=rank) == expected
 
 
 @pytest.mark.parametrize("requested", ["gpu", "cuda:x", "mps", ""])
 def test_an_unknown_device_is_refused_in_one_line(requested: str) -> None:
     with pytest.raises(DeviceError) as caught:
-        decide_device(requested, cuda=True)
+        decide_device(requested, cuda=1)
     message = str(caught.value)
     assert isinstance(caught.value, WikiragError) and "\n" not in message
     assert repr(requested) in message and "auto, cpu, cuda or cuda:N" in message
@@ -38,7 +40,15 @@ def test_an_unknown_device_is_refused_in_one_line(requested: str) -> None:
 
 def test_cuda_is_refused_where_there_is_none() -> None:
     with pytest.raises(DeviceError, match="no CUDA device"):
-        decide_device("cuda:0", cuda=False)
+        decide_device("cuda:0", cuda=0)
+
+
+@pytest.mark.parametrize(("requested", "rank"), [("auto", 2), ("cuda", 2), ("cuda:5", 0)])
+def test_more_ranks_than_gpus_is_refused_in_one_line(requested: str, rank: int) -> None:
+    """torchrun --nproc-per-node 3 on a 2-GPU node: the third rank names the problem instead of a CUDA error."""
+    with pytest.raises(DeviceError) as caught:
+        decide_device(requested, cuda=2, local_rank=rank)
+    assert "torch sees 2 CUDA device(s) here" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_the_environment_forces_the_device_over_auto_only() -> None:
