@@ -5,12 +5,15 @@ picks, in the precision :func:`rag_core.perf.precision.choose_precision` picks t
 support it):
 
 - **passages/s**: ``Encoder.encode_passages`` (the index build's encoder) over ``--passages`` synthetic
-  passages of ~100 words, packaged all-MiniLM-L6-v2 (``dtype auto``);
-- **training examples/s**: ``RagModel`` forward (retrieve, doc_scores, RAG-Token NLL) + backward + AdamW
+  passages of ``--words`` words, packaged all-MiniLM-L6-v2 (``dtype auto``);
+- **training examples/s**: ``RagModel`` forward (retrieve, doc_scores, RAG-Sequence NLL, the default kind) + backward + AdamW
   step on a batch of ``--batch`` questions, the question tower and the generator trained, under bf16
   autocast where the precision rule chooses bf16, as the training recipe does;
 - **ask latency**: ``rag_core.model.answers.answer`` for one question (encode, search, generate up to
   ``--max-new-tokens`` tokens from ``--n-docs`` passages): what ``wikirag ask`` does once loaded.
+
+The report ends with the whole run's wall time (loading included); the defaults keep it under 5 minutes
+on one GPU.
 
 Retrieval is an exact FAISS inner-product index over the passages encoded in the first step, held in
 process, so no store or published index is needed. The generator is the default one under
@@ -116,7 +119,7 @@ def measure(args: argparse.Namespace, device: str, scratch: Path) -> dict[str, A
     encoder_path, generator_path = model_paths(args, scratch)
     encoder_config = EncoderConfig(path=encoder_path, device=device, batch_size=args.encode_batch)
     encoder = Encoder.load(encoder_config)
-    titles, texts = synthetic_passages(args.passages)
+    titles, texts = synthetic_passages(args.passages, args.words)
     encoder.encode_passages(titles[:64], texts[:64])  # warm-up: kernels, allocator, autotuning
     rates = []
     for _ in range(args.repeats):
@@ -151,7 +154,7 @@ def measure(args: argparse.Namespace, device: str, scratch: Path) -> dict[str, A
     ask = lambda: answer(model, [questions[0]], n_docs=args.n_docs, max_new_tokens=args.max_new_tokens)  # noqa: E731
     with autocast:
         ask()  # warm-up
-        latencies = [statistics.median(timed(ask, sync) for _ in range(3)) for _ in range(args.repeats)]
+        latencies = [statistics.median(timed(ask, sync) for _ in range(args.asks)) for _ in range(args.repeats)]
     return {"passages_per_s": rates, "train_examples_per_s": train_rates, "ask_s": latencies,
             "precision": precision, "generator": generator_path.name if not args.tiny else "tiny random Llama",
             "encoder": "tiny random BERT" if args.tiny else "all-MiniLM-L6-v2 (packaged)"}
@@ -163,12 +166,12 @@ def report(info: RunInfo, device_line: str, device: str, args: argparse.Namespac
              f"Device {device}: {device_line}; precision {precision.dtype} ({precision.reason}). "
              f"Encoder {got['encoder']}, generator {got['generator']}, n_docs {args.n_docs}.", "",
              "| figure | min / median / max | what is timed |", "|---|---|---|",
-             f"| passages/s | {spread(got['passages_per_s'])} | encode_passages, {args.passages} passages of ~100 "
+             f"| passages/s | {spread(got['passages_per_s'])} | encode_passages, {args.passages} passages of {args.words} "
              f"words, batch {args.encode_batch} |",
              f"| training examples/s | {spread(got['train_examples_per_s'])} | RagModel forward + backward + AdamW, "
              f"batch {args.batch}, {args.train_steps} steps per repeat |",
              f"| ask latency (s) | {spread(got['ask_s'])} | answer() for one question, up to "
-             f"{args.max_new_tokens} new tokens (median of 3 per repeat) |", ""]
+             f"{args.max_new_tokens} new tokens (median of {args.asks} per repeat) |", ""]
     return "\n".join(lines)
 
 
@@ -181,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encode-batch", type=int, default=256, help="encoder batch size (default 256)")
     parser.add_argument("--batch", type=int, help="training questions per step (default 8; 2 with --tiny)")
     parser.add_argument("--train-steps", type=int, help="training steps per repeat (default 10; 2 with --tiny)")
-    parser.add_argument("--n-docs", type=int, default=5, help="passages per question (default 5)")
+    parser.add_argument("--n-docs", type=int, help="passages per question (default 5; 2 with --tiny)")
+    parser.add_argument("--words", type=int, help="words per passage (default 100; 20 with --tiny)")
+    parser.add_argument("--asks", type=int, help="asks per repeat, their median counts (default 3; 1 with --tiny)")
     parser.add_argument("--max-new-tokens", type=int, help="answer tokens (default 32; 4 with --tiny)")
     args = parse_bench_args(parser, argv)
-    for name, full, tiny in (("passages", 20000, 64), ("batch", 8, 2), ("train_steps", 10, 2),
-                             ("max_new_tokens", 32, 4)):
+    for name, full, tiny in (("passages", 20000, 64), ("batch", 8, 2), ("train_steps", 10, 2), ("n_docs", 5, 2),
+                             ("words", 100, 20), ("asks", 3, 1), ("max_new_tokens", 32, 4)):
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else full)
 
@@ -197,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = choose_device("auto")
     info = RunInfo.start(None if argv is None else [sys.argv[0], *argv])
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="wikirag-gpu-check-") as scratch:
         got = measure(args, device, Path(scratch))
     info.finish()
+    info.notes.append(f"Whole run {time.perf_counter() - started:.0f} s, models loaded and warm-ups included.")
     line = describe_device(device) if device.startswith("cuda") else f"CPU ({info.hardware.cpu_model})"
     publish(report(info, line, device, args, got), args.markdown)
     return 0
