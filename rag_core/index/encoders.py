@@ -64,6 +64,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_core.errors import WikiragError
+from rag_core.perf.device import choose_device
 from rag_core.perf import int8_engine
 from rag_core.perf.precision import DtypeChoice, Precision, choose_precision
 
@@ -103,7 +104,8 @@ class EncoderConfig(BaseModel):
         "auto", description=f"auto = int8 {int8_engine.TARGETS_LABEL} for calls of 256+ passages where dtype auto "
         "chose float32 on a CPU and a timed probe finds int8 faster, else torch; int8 forces that on CPU")
     batch_size: int = Field(16, ge=1, description="texts per forward pass (after sorting by length)")
-    device: str = Field("cpu", description="torch device, e.g. cpu or cuda")
+    device: str = Field("auto", description="torch device: auto = rag_core.perf.device.choose_device (cuda where "
+                        "present, WIKIRAG_DEVICE forces), or cpu, cuda, cuda:N")
     name: str | None = Field(None, description="a readable name for reports; None = the directory's name")
 
 
@@ -276,6 +278,7 @@ class Encoder:
     def load(cls, config: EncoderConfig | None = None) -> Encoder:
         """Load the encoder(s) named by ``config`` (default: the packaged MiniLM)."""
         config = config or default_encoder_config()
+        config = config.model_copy(update={"device": choose_device(config.device)})  # resolved where it runs
         path = Path(config.path).expanduser() if config.path else packaged_model_path()
         dpr_role = _dpr_role(_read_model_config(path, "passage"))
         if dpr_role == "question":
