@@ -260,8 +260,8 @@ def publish_plan(store: Store, plan: IndexPlan, built: list[BuiltShard], gates: 
         "dim": plan.dim, "metric": plan.index.metric, "factory": ",".join(factories) if factories else "Flat",
         "factory_requested": plan.index.factory, "index_config": plan.index.model_dump(),
         "encoder": plan.fingerprint, "fingerprint_id": plan.fingerprint_id,
-        "encoder_config": plan.encoder.model_dump(exclude={"device"}),  # each reader picks its own "dump_id": plan.dump_id, "passages": plan.passages_url,
-        "dump": plan.dump, "gates": gates,
+        "encoder_config": plan.encoder.model_dump(exclude={"device"}),  # no device: each reader resolves its own
+        "dump_id": plan.dump_id, "passages": plan.passages_url, "dump": plan.dump, "gates": gates,
     }
     return publish_manifest(store, plan.version, [b.entry for b in sorted(built, key=lambda b: b.shard)], fields)
 

@@ -159,6 +159,7 @@ def check_training_memory(config: Any, nproc: int, index_manifest: Any, *, index
     parameters). ``index_in_ranks``: each rank loads ``index_manifest``'s index (no Dask cluster holds it)."""
     import psutil
 
+    from rag_core.perf.device import choose_device
     from rag_core.perf.precision import choose_precision
     from rag_core.index.encoders import EncoderConfig, packaged_model_path
 
@@ -166,7 +167,7 @@ def check_training_memory(config: Any, nproc: int, index_manifest: Any, *, index
         return None
     encoder = config.question_encoder or EncoderConfig(**(index_manifest.encoder_config or {}))
     encoder_dir = Path(encoder.question_path or encoder.path or packaged_model_path()).expanduser()
-    precision = choose_precision(config.precision, "cpu" if config.device == "auto" else config.device).dtype
+    precision = choose_precision(config.precision, choose_device(config.device)).dtype
     plan = plan_memory(config, index_manifest if index_in_ranks else None, Path(config.generator).expanduser(),
                        encoder_dir, world_size=nproc, precision=precision)
     check_fits(plan, nproc, psutil.virtual_memory().available if available is None else available)

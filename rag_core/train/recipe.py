@@ -138,7 +138,8 @@ class TrainConfig(BaseModel):
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="autocast dtype (weights stay float32); auto = bf16 only where "
                             "rag_core.perf.precision.choose_precision finds it native")
-    device: str = Field("auto", description="auto = cuda:LOCAL_RANK where CUDA is available, else cpu")
+    device: str = Field("auto", description="auto = rag_core.perf.device.choose_device: cuda:LOCAL_RANK where CUDA "
+                        "is available, else cpu; WIKIRAG_DEVICE forces")
     threads: int | None = Field(None, ge=1, description="torch threads per process; None = as set (torchrun: 1)")
     output: str = Field("runs/default", description="folder on the store: checkpoints/, model/, result.json")
 
@@ -280,6 +281,7 @@ class Recipe:
 
     # -- setup --------------------------------------------------------------------------
     def setup(self) -> None:
+        from rag_core.perf.device import choose_device, process_group_backend
         from rag_core.perf.precision import choose_precision
         from rag_core.train.loaders import load_task
 
@@ -291,13 +293,11 @@ class Recipe:
                                    f"grad_accum {self.micro_steps}; choose a batch_size divisible by their product")
         if c.threads:
             torch.set_num_threads(c.threads)
-        self.device = torch.device(c.device if c.device != "auto" else
-                                   f"cuda:{d.local_rank}" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(choose_device(c.device, local_rank=d.local_rank))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if d.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=d.rank,
-                                    world_size=d.world_size)
+            dist.init_process_group(process_group_backend(str(self.device)), rank=d.rank, world_size=d.world_size)
             self._owns_group = True
         self.precision = choose_precision(c.precision, str(self.device)).dtype
         self.train_examples = load_task(c.task, c.train, self._options(c.train))
