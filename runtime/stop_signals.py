@@ -42,18 +42,19 @@ def recording() -> Iterator[None]:
         yield
     finally:
         signal.set_wakeup_fd(previous)
-        received()
         _read_fd = None
+        _received.clear()  # a stop belongs to the command that recorded it, not to the next code in this process
         os.close(read_fd)
         os.close(write_fd)
 
 
 def received() -> int | None:
-    """The first stop signal that has reached the process while recording, or None."""
-    if _read_fd is not None:
-        with contextlib.suppress(BlockingIOError):
-            while data := os.read(_read_fd, 512):
-                _received.extend(data)
+    """The first stop signal that has reached the process while recording, or None (also when not recording)."""
+    if _read_fd is None:
+        return None
+    with contextlib.suppress(BlockingIOError):
+        while data := os.read(_read_fd, 512):
+            _received.extend(data)
     return next((s for s in _received if s in STOP_SIGNALS), None)
 
 

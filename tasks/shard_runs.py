@@ -16,7 +16,7 @@ from typing import Any
 from prefect.futures import PrefectFuture, PrefectWrappedFuture, as_completed
 
 from rag_core.storage import StoreUnreachableError
-from runtime.stop_signals import raise_if_stopped
+from runtime.stop_signals import StopRequested, raise_if_stopped
 
 
 def wait_for_shards(runs: Sequence[PrefectFuture[Any]]) -> None:
@@ -24,9 +24,17 @@ def wait_for_shards(runs: Sequence[PrefectFuture[Any]]) -> None:
     as does a stop signal (:func:`runtime.stop_signals.raise_if_stopped`)."""
     for run in as_completed(list(runs)):
         outcome = run.result(raise_on_failure=False)
-        raise_if_stopped()  # a stop whose exception the wait turned into this outcome still stops the stage
+        try:
+            raise_if_stopped()  # a stop whose exception the wait turned into this outcome still stops the stage
+        except StopRequested:
+            _cancel_others(runs, run)
+            raise
         if isinstance(outcome, StoreUnreachableError):
-            for other in runs:
-                if isinstance(other, PrefectWrappedFuture) and other is not run:
-                    other.wrapped_future.cancel()  # queued ones never start; a running one ends with its cluster
+            _cancel_others(runs, run)
             raise outcome
+
+
+def _cancel_others(runs: Sequence[PrefectFuture[Any]], done: PrefectFuture[Any]) -> None:
+    for other in runs:
+        if isinstance(other, PrefectWrappedFuture) and other is not done:
+            other.wrapped_future.cancel()  # queued ones never start; a running one ends with its cluster
