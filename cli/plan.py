@@ -10,7 +10,9 @@ import typing
 from cli.options import config_option, default, given
 from rag_core.capacity.dump_plan import plan_rebuild
 from rag_core.capacity.plan import GB, Budget, Plan, check_budget
+from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
+from rag_core.index.faiss_index import IndexConfig
 from runtime.settings import Settings
 
 
@@ -29,10 +31,12 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
     config_option(p, "--deadline-hours", Budget, "deadline_hours", "hours the rebuild may take (default: no limit)")
 
 
-def check_rebuild_fits(args: argparse.Namespace, settings: Settings, encoder: EncoderConfig) -> None:
-    """``index-rebuild`` with any budget flag: the plan first, and a refusal in one line before any work."""
+def check_rebuild_fits(args: argparse.Namespace, settings: Settings, embed: EmbedConfig, index: IndexConfig) -> None:
+    """``index-rebuild`` with any budget flag: the plan of that rebuild (its encoder, shards and factory) first, and
+    a refusal in one line before any work."""
     if any(getattr(args, f, None) is not None for f in BUDGET_FIELDS):
-        plan = check_budget(plan_rebuild(args.dump, args.index, budget_of(args, settings), encoder))
+        plan = check_budget(plan_rebuild(args.dump, args.index, budget_of(args, settings), embed.encoder,
+                                         embed=embed, factory=index.factory))
         print(describe(plan), file=sys.stderr)  # stdout stays the version the rebuild prints
 
 

@@ -184,7 +184,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_index_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     configs = rebuild_configs(args)
-    check_rebuild_fits(args, settings, configs[1].encoder)
+    check_rebuild_fits(args, settings, configs[1], configs[2])
     print(run_index_rebuild(settings, configs))
     return 0
 

@@ -20,6 +20,7 @@ so a pid the kernel gave to another process is never signalled. No record holds 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from runtime.service_credentials import ServicesError
@@ -49,7 +50,9 @@ def read_record(home: Path, name: str) -> dict | None:
 def write_record(home: Path, record: dict) -> None:
     path = record_path(home, record["name"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(record, indent=1))
+    os.replace(partial, path)  # a reader sees the old record or the new one, never half of one
 
 
 def remove_record(home: Path, name: str) -> None:

@@ -22,7 +22,7 @@ def default_index(dump: str) -> str:
 
 
 def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderConfig | None = None, *,
-                 embed: EmbedConfig | None = None, n_streams: int = 8) -> Plan:
+                 embed: EmbedConfig | None = None, n_streams: int = 8, factory: str = "auto") -> Plan:
     """Pages from the index, rates from ``n_streams`` of the dump's streams, then :func:`predict`.
 
     The index stage is calibrated on Flat, then again on the factory the plan
@@ -33,12 +33,12 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
     streams = read_streams(index_source, dump_bytes)
     pages = sum(len(s.page_ids) for s in streams)
     rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams)
-    plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset)
+    plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset, factory)
     if plan.factory not in ("Flat", NO_FACTORY):
         # IVF lists sized for the whole dump cannot train on a calibration sample: time adding and tuning on 64 lists
         rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams,
                           factory=re.sub(r"IVF\d+", "IVF64", plan.factory))
-        plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset)
+        plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset, factory)
     return plan
 
 

@@ -145,10 +145,11 @@ def index_bytes_per_vector(factory: str, dim: int) -> float:
 
 
 def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget,
-            embed: EmbedConfig | None = None, stream_bytes: int | None = None) -> Plan:
+            embed: EmbedConfig | None = None, stream_bytes: int | None = None, factory: str = "auto") -> Plan:
     """The plan for a dump of ``pages`` pages at ``rates`` under ``budget`` (``over`` filled in, nothing raised).
 
     ``stream_bytes``: the dump's bytes after its header stream, what the rates were measured on (default: all).
+    ``factory``: the rebuild's FAISS factory; ``auto`` plans what auto would pick under the budget.
     """
     stream_bytes = dump_bytes if stream_bytes is None else stream_bytes
     embed = embed or EmbedConfig()
@@ -157,7 +158,8 @@ def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget
     memory = None if budget.worker_memory_gb is None else budget.worker_memory_gb * GB
     index_budget = None if memory is None else max(1, int(w * (memory - WORKER_BASE_BYTES)))
     try:
-        factory = choose_factory(passages, rates.dim, index_budget, shards=embed.num_shards(passages))
+        if factory == "auto":
+            factory = choose_factory(passages, rates.dim, index_budget, shards=embed.num_shards(passages))
         per_vector = index_bytes_per_vector(factory, rates.dim)
     except IndexBuildError:  # not even the smallest tier fits: size it as that tier, the memory check refuses
         factory, per_vector = NO_FACTORY, PQ_SUBQUANTIZERS[-1] + IVF_ID_BYTES

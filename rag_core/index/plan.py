@@ -94,6 +94,7 @@ def plan_version(store: Store, dump_id: str, embed: EmbedConfig | None = None, i
     n = int(passages["counts"]["passages"])
     encoder = encoder or load_encoder(embed.encoder)
     config = encoder.config if isinstance(getattr(encoder, "config", None), EncoderConfig) else embed.encoder
+    config = config.model_copy(update={"device": embed.encoder.device})  # as asked: each worker resolves its own
     plan = IndexPlan(
         dump_id=dump_id, passages_url=store.url_of(PASSAGES_DIR, dump_id), dump=passages["dump"], n_passages=n,
         num_shards=embed.num_shards(n), encoder=config, fingerprint=encoder.fingerprint,

@@ -62,10 +62,13 @@ def decide_device(requested: str, *, cuda: int, local_rank: int = 0, source: str
     return device
 
 
-def choose_device(requested: str = "auto", *, local_rank: int = 0, environ: Mapping[str, str] | None = None) -> str:
+def choose_device(requested: str = "auto", *, local_rank: int | None = None,
+                  environ: Mapping[str, str] | None = None) -> str:
     """The device to run on: ``WIKIRAG_DEVICE`` when set and ``requested`` is ``auto``, else ``requested``,
-    resolved by :func:`decide_device` against this machine."""
+    resolved by :func:`decide_device` against this machine; ``local_rank`` defaults to torchrun's ``LOCAL_RANK``."""
     env = os.environ if environ is None else environ
+    if local_rank is None:
+        local_rank = int(env.get("LOCAL_RANK", 0))
     forced = env.get(ENV, "").strip()
     source = "device"
     if requested.strip().lower() == "auto" and forced:
