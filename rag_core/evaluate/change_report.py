@@ -7,7 +7,7 @@
 - **per registered model**: the dev questions whose gold passage changed (rag_core.evaluate.gold_passages)
   and every dev question whose answer changed from the version the model was bound to to the new one.
 
-Pure data: the Prefect artifact and the MLflow run that carry it are tasks/reports.py's.
+Pure data: the Prefect artifact and the MLflow run that carry it are tasks/change_reports.py's.
 """
 
 from __future__ import annotations
