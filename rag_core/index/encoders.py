@@ -204,10 +204,11 @@ def weights_sha256(path: Path) -> str:
 
 def _engine(config: EncoderConfig, precision: Precision) -> str:
     """"torch" or "int8" for this config on this machine (see ``EncoderConfig.engine``)."""
+    device = choose_device(config.device)
     if config.engine == "auto":
-        return int8_engine.auto_engine(config.dtype, precision.dtype, config.device)
-    if config.engine == "int8" and not (precision.dtype == "float32" and config.device == "cpu"):
-        raise EncoderError(f"engine int8 runs float32 models on CPU, not {precision.dtype} on {config.device}; "
+        return int8_engine.auto_engine(config.dtype, precision.dtype, device)
+    if config.engine == "int8" and not (precision.dtype == "float32" and device == "cpu"):
+        raise EncoderError(f"engine int8 runs float32 models on CPU, not {precision.dtype} on {device}; "
                            "set dtype float32 and device cpu, or engine torch")
     return config.engine
 
