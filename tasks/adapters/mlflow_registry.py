@@ -27,6 +27,7 @@ version that took the alias from a champion names it in ``previous_champion``;
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,13 +76,20 @@ class Promotion:
 
 @contextlib.contextmanager
 def _tracking(uri: str) -> Iterator[None]:
-    """MLflow's fluent API (log_model, register_model) against ``uri``, restoring the process's URI after."""
-    previous = mlflow.get_tracking_uri()
+    """MLflow's fluent API (log_model, register_model) against ``uri``, restoring the process's URI after.
+
+    ``set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``, and ``get_tracking_uri`` answers a default (a
+    ``mlflow.db`` in the working directory) when none is set: setting that answer back would pin every later
+    command of the process, and its children, to that database instead of the one its settings name. So the
+    process-wide URI is cleared and the variable put back as it was."""
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # clears the URI and the variable it exported
+        if exported is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = exported
 
 
 def log_rag_model(tracking_uri: str, run_id: str, model_dir: str | Path, *, store_url: str, index_version: str,
