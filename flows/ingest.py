@@ -5,18 +5,23 @@ gate each part and the ids across parts -> publish (parts, then manifest), all u
 
 ``ingest`` takes everything as parameters (no environment is read here); the
 deployment's entry point, ``deployed_ingest``, reads the worker's settings once
-and passes them in.
+and passes them in. Given a dump site, it first mirrors the newest complete dated
+dump to the store (sha1-verified) and ingests the mirror, never the site.
 """
 
 from __future__ import annotations
 
 from prefect import flow, unmapped
 
+from flows.dump_mirror import check_dump_site_for_passages
+from rag_core.errors import WikiragError
+from rag_core.wiki.dump_site import DumpSiteConfig
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
 from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
+from tasks.dumps import mirror_dated_dump
 from tasks.ingest import (
     already_published,
     check_store,
@@ -72,9 +77,25 @@ def ingest(config: IngestConfig, store: StoreAccess) -> str:
 
 
 @flow(name="ingest-deployment", validate_parameters=True)
-def deployed_ingest(config: IngestConfig) -> str:
-    """The deployment's entry point: the worker's settings, read once, then ``ingest`` on its Dask cluster."""
+def deployed_ingest(config: IngestConfig | None = None, dump_site: DumpSiteConfig | None = None) -> str | None:
+    """The deployment's entry point: the worker's settings, read once, then ``ingest`` on its Dask cluster.
+
+    With ``dump_site``, the newest complete dated dump is first mirrored to the store and verified by its published
+    sha1, and ``ingest`` parses the mirror (``config`` gives the other ingest settings); when no complete dump is
+    newer than the newest one whose passages, cut with these settings, are published, it returns None after one
+    request to the site, having parsed nothing. A sum that does not match fails the run before any parsing.
+    """
     settings = Settings()
     start_process(settings)  # the deployment's process: the same switches as a command's
+    store = settings.store_access()
+    if dump_site is not None:
+        target = store.store()
+        check = check_dump_site_for_passages(dump_site, target, config)
+        if check.newer is None:
+            return None
+        # Mirrored in this process, dump_site.connections requests at a time: never from every Dask worker.
+        config = mirror_dated_dump(dump_site, check.newer, target).ingest_config(config)
+    if config is None:
+        raise WikiragError("ingest-deployment: give dump_site (a dump site to mirror) or config (a dump to parse)")
     runner = dask_runner(settings.dask_address, settings.workers)
-    return ingest.with_options(task_runner=runner)(config=config, store=settings.store_access())
+    return ingest.with_options(task_runner=runner)(config=config, store=store)
