@@ -67,6 +67,7 @@ def dump_date_ingested(store: Store, wiki: str, content_key: dict[str, Any]) -> 
 def check_dump_site_for_passages(config: DumpSiteConfig, store: Store, settings: IngestConfig | None) -> DumpCheck:
     """Resolve the newest complete dated dump on the site and whether it is newer than the newest one whose passages,
     with ``settings``' content settings (None: IngestConfig's defaults), are published."""
+    # Only the content settings are read: defaults need no dump URL, which the mirror supplies later.
     key = (settings if settings is not None else IngestConfig.model_construct()).content_key()
     check = check_site(config, dump_date_ingested(store, config.wiki, key))
     have = f"{config.wiki}-{check.current}" if check.current else "no dated dump"

@@ -1,7 +1,8 @@
 """Real runs of the ingest deployment's entry flow (``deployed_ingest``, Prefect server, a local Dask cluster)
 given a loopback dump site in Wikimedia's layout: the newest complete dated dump is mirrored, verified and parsed
-from the mirror; a second run against the unchanged site costs the listing and parses nothing; a dump whose
-published sha1 is wrong ingests and publishes nothing."""
+from the mirror; a second run against the unchanged site costs the listing and parses nothing, and a run with other
+content settings parses the same mirror again without downloading it; a dump whose published sha1 is wrong ingests
+and publishes nothing."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def task_names_of(flow_run_id) -> list[str]:
     return sorted(run.task_key.rsplit("-", 1)[0] for run in runs)
 
 
-def test_the_newest_dump_is_mirrored_and_parsed_from_the_mirror_then_an_unchanged_one_costs_the_listing(
+def test_the_newest_dump_is_mirrored_and_parsed_from_the_mirror_then_an_unchanged_one_parses_nothing(
         site: DumpSiteServer, worker_env: Store, prefect_server: str) -> None:
     store = worker_env
     ingests = len(flow_runs_of("ingest"))
@@ -88,6 +89,16 @@ def test_the_newest_dump_is_mirrored_and_parsed_from_the_mirror_then_an_unchange
     assert task_names_of(state.state_details.flow_run_id) == ["check_dump_site_for_passages"]
     assert [n for n in store.list("passages") if not n.startswith("_")] == [dump_id]
 
+    # Other content settings: the same dump is not ingested yet for them; the mirror is re-hashed, not downloaded.
+    asked = len(site.log)
+    other_url = deployed_ingest(config={"dump": "unused: the mirror's", "words_per_passage": 50},
+                                dump_site=site_config(site))
+    assert other_url != passages_url
+    other = published_manifest(store, other_url.rstrip("/").rsplit("/", 1)[-1])
+    assert other["dump"]["url"] == manifest["dump"]["url"] and other["config"]["words_per_passage"] == 50
+    assert [r.path for r in site.log[asked:]] == ["/enwiki/", f"/enwiki/{RUNNING}/dumpstatus.json",
+                                                  f"/enwiki/{NEW}/dumpstatus.json"]
+
 
 def test_a_wrong_published_sha1_ingests_and_publishes_nothing(site: DumpSiteServer, worker_env: Store,
                                                                prefect_server: str) -> None:
@@ -105,3 +116,13 @@ def test_a_wrong_published_sha1_ingests_and_publishes_nothing(site: DumpSiteServ
     folder = ("dumps", "dewiki", OLD)
     assert not store.exists(*folder, dump) and not store.exists(*folder, "mirror.json")
     assert store.files("dumps", "_staging") == {}  # the wrong bytes' pieces went too
+
+
+def test_without_a_dump_site_or_a_dump_the_run_is_one_line(worker_env: Store, prefect_server: str) -> None:
+    from rag_core.errors import WikiragError
+
+    state = deployed_ingest(return_state=True)
+    assert state.is_failed()
+    with pytest.raises(WikiragError, match="^ingest-deployment: give dump_site .* or config .*"):
+        state.result()
+    assert not worker_env.exists()
