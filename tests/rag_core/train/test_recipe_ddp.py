@@ -112,7 +112,8 @@ def test_two_processes_train_through_one_dask_held_index(tiny: SimpleNamespace) 
     assert sum("search_loaded_shard" in k for k in tasks) >= 2 * 2 * 2  # every rank's micro-batches, per shard
     assert result.world_size == 2 and result.index_version == tiny.version
 
-    run(make_config(tiny, "runs/dask-single", **one_step), tiny.store)  # one process, in-process retriever
+    single = run(make_config(tiny, "runs/dask-single", **one_step), tiny.store)  # one process, in-process retriever
+    assert abs(result.losses[0] - single.losses[0]) < 1e-6, (result.losses, single.losses)
     assert max_difference(gradients(tiny, "runs/dask-ddp"), gradients(tiny, "runs/dask-single")) < 1e-6
     assert max_difference(parameters(tiny, "runs/dask-ddp", 1), parameters(tiny, "runs/dask-single", 1)) < 1e-2 * 1e-3
     start = load_file(Path(tiny.bart) / "model.safetensors")
