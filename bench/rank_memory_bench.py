@@ -1,13 +1,15 @@
 """Memory of a training rank: the 4,391-passage sample against a 200k-passage index, retrieving through Dask or not.
 
-Three kinds of 2-rank training run (``tasks.adapters.torchrun_launcher.launch_training``: ``torchrun --standalone``,
+Four kinds of 2-rank training run (``tasks.adapters.torchrun_launcher.launch_training``: ``torchrun --standalone``,
 gloo, 1 torch thread per rank), the same recipe, examples and models in all three, only the index differing:
 
 - **sample, shared**: the real sample's 4,391 passages, held by a local Dask cluster (1 worker) that both ranks
   retrieve through (``--dask-address``: :class:`tasks.adapters.dask_retriever.DaskRetriever`, one share name);
 - **200k, shared**: ``--corpus``'s passages (default: ``bench/make_corpus.py``'s 200,000 recombined passages),
   the same way;
-- **200k, in process**: the same 200k version loaded by each rank itself (``IndexRetriever``), for contrast.
+- **200k, in process**: the same 200k version loaded by each rank itself (``IndexRetriever``), for contrast;
+- **sample, in process**: the sample loaded by each rank (against "sample, shared": what a rank's Dask client
+  costs beside the small index it replaces).
 
 Each kind runs ``--repeats`` times, interleaved (a fresh cluster per shared run). For each run the peak RSS of
 each rank and of the Dask worker is sampled with psutil every 0.2 s (``train_bench.PeakRss``). The figure of
@@ -40,8 +42,10 @@ sys.path.insert(0, str(ROOT))
 WIDTH = 384  # all-MiniLM-L6-v2's hidden size: the vector width of the real index
 SHARDS = 2
 RANKS = 2
-KINDS = ("sample, shared", "200k, shared", "200k, in process")
+KINDS = ("sample, shared", "200k, shared", "200k, in process", "sample, in process")
 GOAL = 1.2
+CLIENT_CHEAPER = "a rank with a Dask client holds less than one that loads even the sample in process"
+CLIENT_COSTS = "what a Dask client costs a rank beyond the sample index it replaces"
 
 
 def log(msg: str) -> None:
@@ -190,8 +194,10 @@ def render(info: RunInfo, inputs: dict, args, ranks: dict, workers: dict, losses
     shared = {k: statistics.median(ranks[k]) for k in KINDS[:2]}
     ratio = shared["200k, shared"] / shared["sample, shared"]
     worst = max(ranks["200k, shared"]) / max(ranks["sample, shared"])
-    same = all(lost == losses["200k, shared"][0] for lost in losses["200k, shared"] + losses["200k, in process"])
+    same = {size: all(lost == losses[f"{size}, shared"][0] for lost in
+                      losses[f"{size}, shared"] + losses[f"{size}, in process"]) for size in ("sample", "200k")}
     n = inputs["passages"]
+    client = shared["sample, shared"] - statistics.median(ranks["sample, in process"])
     extra = (statistics.median(ranks["200k, in process"]) - shared["200k, shared"]) / n["200k"]
     lines = [f"## Memory of a training rank: {n['sample']:,} vs {n['200k']:,} passages, through Dask or in process",
              "", *info.markdown_header(),
@@ -212,9 +218,11 @@ def render(info: RunInfo, inputs: dict, args, ranks: dict, workers: dict, losses
               f"{n['200k']:,}: {statistics.median(ranks['200k, in process']) / shared['sample, shared']:.2f}x the "
               f"shared sample's median, {extra:,.0f} B per passage above the shared 200k median (the Flat index "
               f"and the stored vectors alone are 2 x 4 x {WIDTH} = {8 * WIDTH:,} B; the rest is the Arrow columns "
-              f"and the loader's copies)."), "",
-             (f"Per-step losses at {n['200k']:,}: {'identical' if same else 'NOT identical'} in every shared and "
-              f"in-process run ({', '.join(f'{x:.6f}' for x in losses['200k, shared'][0])})."), ""]
+              f"and the loader's copies). On the sample, shared minus in process: {client / 2**20:+,.0f} MiB per rank "
+              f"(medians): {CLIENT_CHEAPER if client <= 0 else CLIENT_COSTS}."), "",
+             *(f"Per-step losses on {size} ({n[size]:,} passages): {'identical' if same[size] else 'NOT identical'} in "
+               f"every shared and in-process run ({', '.join(f'{x:.6f}' for x in losses[f'{size}, shared'][0])})."
+               for size in ("sample", "200k")), ""]
     return "\n".join(lines)
 
 
