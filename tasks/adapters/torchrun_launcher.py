@@ -45,7 +45,7 @@ from runtime.process_groups import die_with_parent, stop_process_group  # the ed
 from tasks.adapters.torchrun_ranks import RankWatch, killed_rank
 
 log = logging.getLogger("wikirag.train")
-ROOT = Path(__file__).resolve().parents[1]  # the checkout that holds tasks/ and rag_core/
+ROOT = Path(__file__).resolve().parents[2]  # the checkout that holds tasks/ and rag_core/
 TAIL_LINES = 40
 # A job still running after this is stuck (a hung collective, a rank waiting on a dead store), not slow: the
 # paper's fine-tunes take hours. It is stopped; its checkpoints stay on the store, so a rerun resumes.

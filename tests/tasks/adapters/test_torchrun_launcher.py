@@ -73,3 +73,13 @@ def test_the_kernels_oom_counter_is_read_where_it_exists(tmp_path: Path) -> None
     (tmp_path / "vmstat").write_text("pgfault 7\n")
     assert oom_kills(tmp_path / "vmstat") is None and oom_kills(tmp_path / "absent") is None
     assert killed_rank(["rank 0 INFO step 3", "everything fine"]) is None
+
+
+def test_the_ranks_run_the_checkout_that_holds_the_launcher() -> None:
+    # The ranks start as `python -m tasks.adapters.torchrun_launcher` with ROOT first on PYTHONPATH and as cwd: it
+    # must be the folder that holds tasks/ and rag_core/, or a rank imports another copy of the code (or none).
+    from tasks.adapters import torchrun_launcher
+
+    root = torchrun_launcher.ROOT
+    assert (root / "tasks" / "adapters" / "torchrun_launcher.py").resolve() == Path(torchrun_launcher.__file__).resolve()
+    assert (root / "rag_core" / "__init__.py").is_file()
