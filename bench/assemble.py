@@ -34,6 +34,7 @@ TITLES = {
     "answer_quality": "Answer quality",
     "answer_speed": "Answer speed",
     "train_bench": "Fine-tuning",
+    "rank_memory_bench": "Memory of a training rank",
     "train_choice_bench": "The main job's fine-tune settings",
     "train_layers_bench": "Fine-tuning only the last decoder blocks",
     "unpadding_bench": "Fine-tuning on unpadded prompts",

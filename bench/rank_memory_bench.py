@@ -27,7 +27,6 @@ they and the encoder are built once under ``--work`` and reused.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import RunInfo, alternating, bench_parser, parse_bench_args, publish, spread  # noqa: E402
 from train_bench import TINY, PeakRss  # noqa: E402
+from scale_bench import save_tiny_encoder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,25 +50,6 @@ CLIENT_COSTS = "what a Dask client costs a rank beyond the sample index it repla
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def save_random_encoder(directory: Path) -> Path:
-    """A random 2-layer BERT of MiniLM's width with MiniLM's tokenizer files (the packaged model's)."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from rag_core.index.encoders import packaged_model_path
-
-    if (directory / "config.json").exists():
-        return directory
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=WIDTH, max_position_embeddings=32)
-    directory.mkdir(parents=True, exist_ok=True)
-    BertModel(config).eval().save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(packaged_model_path() / name, directory / name)
-    return directory
 
 
 def corpus_passages(corpus: Path | None):
@@ -105,7 +86,7 @@ def build_inputs(work: Path, corpus: Path | None) -> dict:
         return json.loads(saved.read_text())
     work.mkdir(parents=True, exist_ok=True)
     store = Store(str(work / "store"))
-    encoder = Encoder.load(EncoderConfig(path=str(save_random_encoder(work / "encoder")), dtype="float32"))
+    encoder = Encoder.load(EncoderConfig(path=str(save_tiny_encoder(work / "encoder", width=WIDTH, intermediate=WIDTH)), dtype="float32"))
     sample = sample_passages()
     t0 = time.perf_counter()
     versions = {"sample": publish_small_index(store, "sample", sample, encoder, shards=SHARDS)}

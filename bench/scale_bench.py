@@ -72,8 +72,8 @@ def log(msg: str) -> None:
 # -- inputs ---------------------------------------------------------------------------------
 
 
-def save_tiny_encoder(directory: Path) -> Path:
-    """A random 2-layer, 32-wide BERT with MiniLM's tokenizer files (the packaged model's)."""
+def save_tiny_encoder(directory: Path, width: int = TINY_DIM, intermediate: int = 2 * TINY_DIM) -> Path:
+    """A random 2-layer BERT (32 wide unless told) with MiniLM's tokenizer files (the packaged model's)."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -82,8 +82,8 @@ def save_tiny_encoder(directory: Path) -> Path:
     if (directory / "config.json").exists():
         return directory
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=TINY_DIM, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=32)
+    config = BertConfig(vocab_size=30522, hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=intermediate, max_position_embeddings=32)
     directory.mkdir(parents=True, exist_ok=True)
     BertModel(config).eval().save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
