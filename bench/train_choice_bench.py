@@ -11,7 +11,7 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
 - **dev score**: the fine-tuned model on the real questions' **dev** split
   (rag_core.evaluate.real_questions: written + NQ-open/WebQuestions/CuratedTrec answerable from the
   sample; the test split is never read here), first ``--real-dev`` questions, fast decoding,
-  12 answer tokens, bf16 autocast where native: EM and answer-in-output; the zero-shot start
+  ``--answer-tokens`` answer tokens (default: the main job's), bf16 autocast where native: EM and answer-in-output; the zero-shot start
   (no fine-tune) is the first row;
 - **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
   of half the batch: about the same time on 2 cores).
@@ -85,7 +85,7 @@ def real_dev(store, version: str, limit: int, qa_dir: Path):
     return as_examples([i for i in items if i["split"] == "dev"][:limit]), HeldOut.of(as_examples(items))
 
 
-def dev_score(model, examples, label: str) -> tuple[float, float]:
+def dev_score(model, examples, label: str, answer_tokens: int) -> tuple[float, float]:
     """EM and answer-in-output of ``model`` on ``examples`` (fast decoding, bf16 autocast where native); each
     prediction goes to stderr under ``label``."""
     import torch
@@ -96,7 +96,7 @@ def dev_score(model, examples, label: str) -> tuple[float, float]:
 
     native = choose_precision("auto", "cpu").dtype == "bfloat16"
     with torch.autocast("cpu", dtype=torch.bfloat16) if native else torch.no_grad():
-        evaluation = evaluate_model(model, examples, mode="fast", max_new_tokens=12)
+        evaluation = evaluate_model(model, examples, mode="fast", max_new_tokens=answer_tokens)
     found = [answer_in_output(r["prediction"], r["targets"]) for r in evaluation.predictions]
     for example, r in zip(examples, evaluation.predictions, strict=True):
         print(f"#P {label} | {example.input} | {r['prediction']!r} | {list(r['targets'])}", file=sys.stderr)
@@ -113,12 +113,19 @@ def main() -> int:
                         "dev loss only)")
     parser.add_argument("--skip-zero-shot", action="store_true", help="do not score the zero-shot start")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--answer-tokens", type=int, help="answer tokens generated per dev question "
+                        "(default: the main job's, ShortRun.max_new_tokens)")
     parser.add_argument("--qa-dir", type=Path, default=QA_DIR, help="public QA data (nq_open/, webquestions/, ...)")
     parser.add_argument("--markdown", type=Path, help="write the section to this file")
     parser.add_argument("--partial", type=Path, help="rewrite this file with the rows so far after each candidate")
     parser.add_argument("--avx2", action="store_true", help="emulate an AVX2-only CPU (bench/report.py)")
     args = parser.parse_args()
     import torch
+
+    from rag_core.train.jobs import ShortRun
+
+    if args.answer_tokens is None:
+        args.answer_tokens = ShortRun().max_new_tokens
 
     from rag_core.index.versions import latest_version
     from rag_core.model.retriever import IndexRetriever
@@ -153,7 +160,7 @@ def main() -> int:
         start = initial_model(TrainConfig(task="generated-qa", train=train, generator=generator, n_docs=2,
                                           max_context_length=160), retriever)
         start.eval()
-        em, found = dev_score(start, examples, "zero-shot") if examples and not args.skip_zero_shot else (math.nan, math.nan)
+        em, found = dev_score(start, examples, "zero-shot", args.answer_tokens) if examples and not args.skip_zero_shot else (math.nan, math.nan)
         rows.append(("zero-shot (no fine-tune)", "2", "", "", "", "", "", "", f"{em:.3f}", f"{found:.3f}", ""))
         print("#", rows[-1], file=sys.stderr)
         for name in names:
@@ -172,7 +179,7 @@ def main() -> int:
             result = run(config, store, logger=logger, retriever=retriever)
             seconds = time.perf_counter() - began
             model = load_model(store, retriever, Path(tmp) / name)
-            em, found = dev_score(model, examples, name) if examples else (math.nan, math.nan)
+            em, found = dev_score(model, examples, name, args.answer_tokens) if examples else (math.nan, math.nan)
             head, tail = result.losses[:5], result.losses[-5:]
             dev_before, dev_after = result.dev_losses[0][1], result.dev_losses[-1][1]
             rows.append((name, str(n_docs), str(batch), str(steps), "all" if blocks is None else str(blocks),
@@ -194,7 +201,7 @@ def markdown(info, args, counts: dict, examples: list, rows: list[tuple[str, ...
               f"{counts.get('candidates', 0)} candidates; train/dev split by page), RAG-Sequence, 160 context tokens, "
               f"SmolLM2-135M-Instruct, linear decay after warm-up, 1 process, {args.threads} torch threads. Dev "
               f"loss: {args.dev_examples} generated dev pairs. Dev score: the first {len(examples)} real dev "
-              "questions (test split untouched), fast decoding, 12 answer tokens."), "",
+              f"questions (test split untouched), fast decoding, {args.answer_tokens} answer tokens."), "",
              "| settings | n_docs | batch | steps | blocks trained | lr | train loss (first 5 → last 5 steps) | "
              "dev loss (start → end) | dev EM | dev answer-in-output | train s |",
              "|---|---|---|---|---|---|---|---|---|---|---|",
