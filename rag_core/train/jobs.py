@@ -69,4 +69,6 @@ class ShortRun(BaseModel):
     # Each is answered three times (zero-shot, fine-tuned, closed-book): 40 of the sample's 70 keeps the gate
     # to about a third of the main job on 2 cores
     gate_questions: int = Field(40, ge=1, description="held-out real test questions the wikirag-qa gate scores")
-    max_new_tokens: int = Field(12, ge=1, description="answer tokens generated in evaluation (short answers)")
+    # room for a full date or name ("July 16, 1969"); a reply stops at its first line break or eos, so the cap
+    # costs time only on a rambling one
+    max_new_tokens: int = Field(32, ge=1, description="answer tokens generated in evaluation")
