@@ -185,6 +185,16 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         seaweed.stop()
 
 
+@pytest.fixture(scope="session")
+def real_generator(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real default generator's folder, fetched and converted once per run: under xdist into the run's base
+    temp directory, which every worker shares."""
+    from tests.helpers.real_generator import shared_default_generator
+
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    return shared_default_generator(shared / "real-generator" if shared else tmp_path_factory.mktemp("real-generator"))
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh wikirag workspace for one test."""
