@@ -50,7 +50,7 @@ def evaluate(model: Any, examples: list[Example], *, closed_book: bool = False, 
 
     from rag_core.perf.precision import choose_precision
 
-    device = str(getattr(getattr(model, "config", None), "device", "cpu"))
+    device = str(getattr(model, "device", "cpu"))  # the model's resolved device (its config may say auto)
     dtype = choose_precision(precision, device).dtype  # type: ignore[arg-type]
     autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == "bfloat16"
                 else contextlib.nullcontext())

@@ -105,6 +105,7 @@ from rag_core.model.grounded_decoding import PassageSpans
 from rag_core.model.marginalize import rag_sequence_nll, rag_token_nll
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.retriever import IndexRetriever
+from rag_core.perf.device import choose_device
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,9 @@ class RagConfig(BaseModel):
                                               "an unrelated passage")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
-    device: str = Field("cpu", description="torch device for both towers")
+    device: str = Field("auto", description="torch device for both towers; auto = rag_core.perf.device.choose_device "
+                                          "(cuda:LOCAL_RANK where CUDA is present, else cpu). Resolved where the model "
+                                          "runs: a saved model records auto")
 
 
 @dataclass
@@ -210,7 +213,8 @@ class RagModel(nn.Module):
         self.retriever = retriever
         self.trained_index_version = trained_index_version
         self.pad_token_id = self.family.label_pad_id  # what marks padding in answer_labels()
-        self.to(config.device).eval()  # as transformers loads models; a training recipe calls .train()
+        self.device = choose_device(config.device)
+        self.to(self.device).eval()  # as transformers loads models; a training recipe calls .train()
 
     @classmethod
     def create(cls, config: RagConfig, retriever: IndexRetriever) -> RagModel:
@@ -221,7 +225,7 @@ class RagModel(nn.Module):
             generator, tokenizer = default_generator(config.generator, max(512, config.max_context_length))
         else:
             generator, tokenizer = load_generator(Path(config.generator.path).expanduser(), config.generator.dtype,
-                                                  config.device)
+                                                  choose_device(config.device))
         return cls(config, question_encoder, generator, tokenizer, retriever, trained_index_version=retriever.version)
 
     @property
@@ -286,7 +290,7 @@ class RagModel(nn.Module):
         """The generator alone (the paper's baseline): one "document" per question, the question without passage."""
         questions = list(questions)
         input_ids, mask = self.family.inputs(None, None, questions)  # [b, L]
-        device = self.config.device
+        device = self.device
         empty = [[] for _ in questions]
         return RetrievalBatch(questions, torch.zeros(len(questions), 0, device=device),
                               torch.zeros(len(questions), 1, device=device), empty, empty, empty,
@@ -297,7 +301,7 @@ class RagModel(nn.Module):
         """long ``[b, T]`` targets: the answers' tokens (and eos), filled with ``pad_token_id``."""
         if isinstance(answers, str):
             raise TypeError("answers must be a list of strings; wrap a single answer in a list")
-        return self.family.labels(answers).to(self.config.device)
+        return self.family.labels(answers).to(self.device)
 
     def forward(self, batch: RetrievalBatch | SearchResult, answers: Sequence[str] | Tensor) -> Tensor:
         """float ``[b]`` negative log marginal likelihood of each answer (``config.kind`` marginalisation).
@@ -438,7 +442,8 @@ class RagModel(nn.Module):
             "fingerprint_id": self.retriever.manifest.get("fingerprint_id"),
             "question_encoder": self.question_encoder.settings(),
             "question_weights_sha256": weights_sha256(path / "question_encoder"),  # the trained tower, for provenance
-            "config": self.config.model_dump(mode="json"),
+            # where it was trained is not where it will run: a model saved on a GPU loads on a CPU-only machine
+            "config": {**self.config.model_dump(mode="json"), "device": "auto"},
         }
         (path / RAG_JSON).write_text(json.dumps(record, indent=2, sort_keys=True))
         return path
@@ -448,14 +453,15 @@ class RagModel(nn.Module):
                         overrides: Mapping[str, Any] | None = None) -> RagModel:
         """A saved model, retrieving from ``retriever``'s index version (any with the same passage encoder).
 
-        ``overrides`` replaces config fields (e.g. ``{"n_docs": 10}`` or ``{"device": "cuda"}``).
+        ``overrides`` replaces config fields (e.g. ``{"n_docs": 10}`` or ``{"device": "cuda"}``); the device is
+        ``auto`` unless they name one, whatever the saved record says.
         """
         path = Path(path).expanduser()
         record = _read_record(path)
-        config = RagConfig.model_validate({**record["config"], **(overrides or {})})
+        config = RagConfig.model_validate({**record["config"], "device": "auto", **(overrides or {})})
         question_encoder = QuestionEncoder.from_pretrained(path / "question_encoder", record["question_encoder"])
         question_encoder.check_passage_side(retriever.fingerprint, model_dir=str(path), index=str(retriever.version))
-        generator, tokenizer = load_generator(path / "generator", config.generator.dtype, config.device)
+        generator, tokenizer = load_generator(path / "generator", config.generator.dtype, choose_device(config.device))
         model = cls(config, question_encoder, generator, tokenizer, retriever,
                     trained_index_version=record["index_version"])
         model._log_binding(str(path))

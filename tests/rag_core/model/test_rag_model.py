@@ -31,6 +31,7 @@ from rag_core.model.rag_model import (
     default_generator,
 )
 from rag_core.model.retriever import IndexRetriever
+from rag_core.perf.device import DeviceError
 from tests.helpers.encoderfiles import TOKENIZER_FILES, save_tiny_bert
 from tests.helpers.rag_models import ANSWERS, QUESTIONS, TINY_GENERATOR, make_model
 
@@ -299,6 +300,24 @@ def test_save_load_roundtrip_and_knowledge_update(indexes: SimpleNamespace, tmp_
         torch.testing.assert_close(swapped.question_vectors, before.question_vectors)  # same tower, other passages
     model.use_index(IndexRetriever.load(indexes.store, indexes.v2))
     assert model.retrieve(QUESTIONS).passage_ids == updated.retrieve(QUESTIONS, n_docs=3).passage_ids
+
+
+def test_a_model_saved_where_it_ran_on_a_gpu_loads_on_the_machine_that_reads_it(indexes: SimpleNamespace,
+                                                                                tmp_path: Path) -> None:
+    # The device is where a model runs, not part of the model: a record naming cuda:0 (as a GPU-trained one did)
+    # must load here on whatever the device rule picks, and a save records auto.
+    model = make_model(indexes, kind="sequence")
+    assert model.device == "cpu" and model.config.device == "auto"  # no CUDA on the test machines
+    saved = model.save_pretrained(tmp_path / "model")
+    record = json.loads((saved / "rag.json").read_text())
+    assert record["config"]["device"] == "auto"
+    record["config"]["device"] = "cuda:0"
+    (saved / "rag.json").write_text(json.dumps(record))
+    loaded = RagModel.from_pretrained(saved, IndexRetriever.load(indexes.store, indexes.v1))
+    assert loaded.device == "cpu" and {p.device.type for p in loaded.parameters()} == {"cpu"}
+    assert loaded.generate(QUESTIONS[:1], max_length=4)
+    with pytest.raises(DeviceError, match="CUDA"):  # asked for by name, it is refused in one line
+        RagModel.from_pretrained(saved, IndexRetriever.load(indexes.store, indexes.v1), overrides={"device": "cuda"})
 
 
 def test_mismatched_encoder_is_a_clear_error(indexes: SimpleNamespace, tmp_path: Path) -> None:
