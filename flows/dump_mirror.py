@@ -7,23 +7,18 @@ resumable) -> verify (published sha1) -> ``<store>/dumps/<wiki>/<date>/``
 ``mirror_dump`` takes everything as parameters; the deployment's entry point, ``deployed_mirror_dump``, reads the
 worker's settings once and passes them in. Without Prefect: ``rag_core.wiki.dump_site.check_site`` then
 ``rag_core.wiki.dump_mirror.mirror_dump``. The ingest deployment asks its own question of the site
-(``check_dump_site_for_passages``: newer than the newest dump whose passages are published?) and mirrors with the
+(``tasks.dumps.check_dump_site_for_passages``: newer than the newest dump whose passages are published?) and mirrors with the
 same task, ``mirror_dated_dump``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from prefect import flow
 
-from prefect import flow, get_run_logger
-
-from rag_core.storage import Store
 from rag_core.wiki.dump_mirror import MirroredDump
-from rag_core.wiki.dump_site import DumpCheck, DumpSiteConfig, check_site, dump_date_of
-from rag_core.wiki.ingest import PASSAGES_DIR, IngestConfig, published_manifest
+from rag_core.wiki.dump_site import DumpSiteConfig
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.dumps import check_dump_site, mirror_dated_dump
-from tasks.retry_policy import io_task
 
 quiet_environment()
 
@@ -46,31 +41,3 @@ def mirror_dump(site: DumpSiteConfig, store: StoreAccess) -> MirroredDump | None
 def deployed_mirror_dump(site: DumpSiteConfig = DumpSiteConfig()) -> MirroredDump | None:  # noqa: B008
     """The deployment's entry point: the worker's settings, read once, then ``mirror_dump`` on its store."""
     return mirror_dump(site=site, store=Settings().store_access())
-
-
-def dump_date_ingested(store: Store, wiki: str, content_key: dict[str, Any]) -> str | None:
-    """The newest date of a dated ``wiki`` dump whose passages, cut with the settings of ``content_key``
-    (``IngestConfig.content_key``), are published on ``store``; None when there is none (any complete dump is then
-    newer). A dated dump is the same bytes wherever it was read from: the mirror or the site's dated URL."""
-    dates = []
-    for dump_id in store.list(PASSAGES_DIR):
-        manifest = None if dump_id.startswith("_") else published_manifest(store, dump_id)
-        if manifest is None or manifest.get("content_key") != content_key:
-            continue
-        url = (manifest.get("dump") or {}).get("url")
-        if isinstance(url, str) and (date := dump_date_of(url, wiki)) is not None:
-            dates.append(date)
-    return max(dates, default=None)
-
-
-@io_task
-def check_dump_site_for_passages(config: DumpSiteConfig, store: Store, settings: IngestConfig | None) -> DumpCheck:
-    """Resolve the newest complete dated dump on the site and whether it is newer than the newest one whose passages,
-    with ``settings``' content settings (None: IngestConfig's defaults), are published."""
-    # Only the content settings are read: defaults need no dump URL, which the mirror supplies later.
-    key = (settings if settings is not None else IngestConfig.model_construct()).content_key()
-    check = check_site(config, dump_date_ingested(store, config.wiki, key))
-    have = f"{config.wiki}-{check.current}" if check.current else "no dated dump"
-    get_run_logger().info("%s: passages are published from %s; newer complete dump: %s (%d request(s))",
-                          config.url(""), have, check.newer.dump_id if check.newer else "none", check.requests)
-    return check

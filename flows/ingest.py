@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from prefect import flow, unmapped
 
-from flows.dump_mirror import check_dump_site_for_passages
 from rag_core.errors import WikiragError
 from rag_core.wiki.dump_site import DumpSiteConfig
 from rag_core.wiki.dumps import DumpSource
@@ -21,7 +20,7 @@ from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
 from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
-from tasks.dumps import mirror_dated_dump
+from tasks.dumps import check_dump_site_for_passages, mirror_dated_dump
 from tasks.ingest import (
     already_published,
     check_store,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from rag_core.storage import Store
 from rag_core.wiki.dump_http import DumpSiteClient, DumpSiteError, DumpSiteNotFoundError, HttpPolicy
+from rag_core.wiki.ingest import PASSAGES_DIR, published_manifest
 
 # Large wikis write the multistream dump in parts, then recombine them into the one file (and index) named here.
 MULTISTREAM_JOBS = ("articlesmultistreamdumprecombine", "articlesmultistreamdump")
@@ -131,6 +132,21 @@ def dump_date_behind_latest(store: Store, wiki: str) -> str | None:
         return None
     url = (read_index_manifest(store).dump or {}).get("url")
     return dump_date_of(url, wiki) if isinstance(url, str) else None
+
+
+def dump_date_ingested(store: Store, wiki: str, content_key: dict[str, Any]) -> str | None:
+    """The newest date of a dated ``wiki`` dump whose passages, cut with the settings of ``content_key``
+    (``IngestConfig.content_key``), are published on ``store``; None when there is none (any complete dump is then
+    newer). A dated dump is the same bytes wherever it was read from: the mirror or the site's dated URL."""
+    dates = []
+    for dump_id in store.list(PASSAGES_DIR):
+        manifest = None if dump_id.startswith("_") else published_manifest(store, dump_id)
+        if manifest is None or manifest.get("content_key") != content_key:
+            continue
+        url = (manifest.get("dump") or {}).get("url")
+        if isinstance(url, str) and (date := dump_date_of(url, wiki)) is not None:
+            dates.append(date)
+    return max(dates, default=None)
 
 
 def list_dates(config: DumpSiteConfig, client: DumpSiteClient) -> list[str]:
