@@ -28,6 +28,7 @@ TITLES = {
     "index_bench": "Index",
     "rebuild_bench": "Whole index rebuild",
     "incremental_bench": "Incremental rebuild",
+    "hot_swap_bench": "Knowledge hot-swap",
     "load_bench": "Search under load",
     "decoding_bench": "Decoding",
     "rag_bench": "RAG training step and generation",

@@ -224,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
               f"| retrain: {RETRAIN_STEPS} recipe steps of {RETRAIN_BATCH} examples, set-up included | "
               f"{spread(retrain_s)} |",
               f"| retrain projected to the finetune deployment's recipe ({PROJECTED_EXAMPLES} examples: 100 steps of "
-              f"8) at the measured examples/s (steps after the first) | {spread(projected)} |", "",
-              f"Median refresh in all / projected retrain: {statistics.median(total) / statistics.median(projected):.2f}"
+              f"8) at the measured examples/s (steps after the first) | {spread(projected, '{:,.0f}')} |", "",
+              f"Median refresh in all / projected retrain: {statistics.median(total) / statistics.median(projected):.2g} "
+              f"(the retrain costs {statistics.median(projected) / statistics.median(total):,.0f}x the refresh)"
               " (and a retrain alone changes no knowledge: the model still reads the index it was given)."]
     publish("\n".join(lines) + "\n", args.markdown)
     return 0
