@@ -1,6 +1,7 @@
 """Fresh knowledge, operated end to end on real services: prefect.yaml's ``index-rebuild-enwiki`` and ``refresh``
 deployments (`prefect deploy`) run by a real process worker against a real Prefect server, a loopback dump site in
-Wikimedia's layout, SeaweedFS as the store and a SQLite MLflow registry.
+Wikimedia's layout, SeaweedFS as the store and a real MLflow tracking server (``mlflow server``, its registry in
+SQLite, its artifacts served by it).
 
 A new dated dump appears -> the rebuild deployment mirrors it (sha1-verified), rebuilds and publishes -> the
 ``wikirag.index.published`` event triggers ``refresh`` -> the champion is re-bound to the new version, and
@@ -33,6 +34,7 @@ from rag_core.storage import Store
 from runtime.process_groups import stop_process_group
 from tests.conftest import S3Server
 from tests.helpers.dumpsite import COUNTRIES, EDITED, NEW, OLD, OLD_CAPITAL, RUNNING, serve_site
+from tests.helpers.mlflow_server import mlflow_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +81,14 @@ def _ask(capsys: pytest.CaptureFixture) -> tuple[dict, str]:
     return item, item["provenance"][0]["passage_id"]
 
 
+@pytest.fixture
+def mlflow_url(tmp_path: Path):
+    with mlflow_server(tmp_path / "mlflow") as url:
+        yield url
+
+
 def test_a_new_dump_reaches_the_champion_through_the_deployments_and_rollback_restores_it(
-        prefect_server: str, s3_server: S3Server, real_generator: Path, tmp_path: Path,
+        prefect_server: str, s3_server: S3Server, real_generator: Path, mlflow_url: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -96,7 +104,7 @@ def test_a_new_dump_reaches_the_champion_through_the_deployments_and_rollback_re
 
     store_url = f"s3://{s3_server.bucket}/fresh-{uuid.uuid4().hex[:8]}"
     store = Store(store_url, s3_server.options())
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = mlflow_url
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WIKIRAG_", "MLFLOW_TRACKING"))},
            **s3_server.env(), "PREFECT_API_URL": prefect_server, "WIKIRAG_HOME": str(tmp_path / "home"),
            "WIKIRAG_STORE": store_url, "MLFLOW_TRACKING_URI": tracking, "WIKIRAG_REPO": str(ROOT),
@@ -141,6 +149,7 @@ def test_a_new_dump_reaches_the_champion_through_the_deployments_and_rollback_re
                                generator=GeneratorConfig(path=str(real_generator), dtype="auto"))
             model_dir = RagModel.create(config, IndexRetriever.load(store, old)).save_pretrained(tmp_path / "rag")
             assert register_champion(tracking, store, model_dir, dev_url, len(dev), old) == "1"
+            assert list((tmp_path / "mlflow" / "artifacts").rglob("MLmodel"))  # logged through the server's proxy
             # dtype auto: refresh and ask only decode, so rag_core.perf.precision's inference rule applies (bf16 where
             # it is native and faster, halving the saved copies); the registry holds its own copy of the folder
             shutil.rmtree(model_dir)
