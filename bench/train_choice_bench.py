@@ -178,7 +178,7 @@ def main() -> int:
             began = time.perf_counter()
             result = run(config, store, logger=logger, retriever=retriever)
             seconds = time.perf_counter() - began
-            model = load_model(store, retriever, Path(tmp) / name)
+            model = load_model(Store(result.model_url, store.options), retriever, Path(tmp) / name)
             em, found = dev_score(model, examples, name, args.answer_tokens) if examples else (math.nan, math.nan)
             head, tail = result.losses[:5], result.losses[-5:]
             dev_before, dev_after = result.dev_losses[0][1], result.dev_losses[-1][1]
