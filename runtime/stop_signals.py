@@ -8,23 +8,41 @@ it into a ``PydanticSerializationError`` when it lands inside a serializer
 The interpreter writes the number of every signal that has a Python handler
 to a wakeup file descriptor before any handler runs, so this record holds
 whichever handler ran and whatever its exception became.
+
+The same record bounds a stop. A thread reads the descriptor; once a stop
+signal has come, the command gets ``STOP_DEADLINE_S`` to end through its
+own cleanup (its Dask cluster's close is bounded below that). A command
+still running then, hung wherever the exception landed (a lock, a thread
+join at the interpreter's exit), says so in one line, writes its threads'
+stacks for a bug report, kills the processes it started and exits with
+128 + the signal. Nothing is published after a stop (:func:`raise_if_stopped`),
+and the store's writes are atomic, so the deadline loses no published data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import select
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+# Under the 30 s a scheduler or a user waits, above the local Dask cluster's bounded close (15 s).
+STOP_DEADLINE_S = 25.0
 _received: list[int] = []
 _read_fd: int | None = None
+_reading = threading.Lock()  # the deadline's thread and received() both drain the descriptor
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[None]:
-    """Record the signals that reach this process while the block runs (main thread only; elsewhere a no-op)."""
+def recording(deadline_s: float = STOP_DEADLINE_S) -> Iterator[None]:
+    """Record the signals that reach this process while the block runs, and end the process ``deadline_s``
+    after a stop signal if the block has not ended by then (module docstring). Main thread only; elsewhere a
+    no-op."""
     global _read_fd
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
@@ -38,24 +56,60 @@ def recording() -> Iterator[None]:
         return
     _received.clear()
     _read_fd = read_fd
+    ended = threading.Event()
+    watch = threading.Thread(target=_deadline, args=(read_fd, ended, deadline_s), name="wikirag-stop-deadline",
+                             daemon=True)
+    watch.start()
     try:
         yield
     finally:
         signal.set_wakeup_fd(previous)
+        ended.set()
+        watch.join()
         _read_fd = None
         _received.clear()  # a stop belongs to the command that recorded it, not to the next code in this process
         os.close(read_fd)
         os.close(write_fd)
 
 
-def received() -> int | None:
-    """The first stop signal that has reached the process while recording, or None (also when not recording)."""
-    if _read_fd is None:
-        return None
-    with contextlib.suppress(BlockingIOError):
-        while data := os.read(_read_fd, 512):
+def _drain(read_fd: int) -> int | None:
+    with _reading, contextlib.suppress(BlockingIOError, OSError):
+        while data := os.read(read_fd, 512):
             _received.extend(data)
     return next((s for s in _received if s in STOP_SIGNALS), None)
+
+
+def received() -> int | None:
+    """The first stop signal that has reached the process while recording, or None (also when not recording)."""
+    return None if _read_fd is None else _drain(_read_fd)
+
+
+def _deadline(read_fd: int, ended: threading.Event, deadline_s: float) -> None:
+    """The recording's thread: wait for a stop signal, then for the block's end at most ``deadline_s``."""
+    while (signum := _drain(read_fd)) is None:
+        if ended.is_set():
+            return
+        select.select([read_fd], [], [], 0.2)
+    if ended.wait(deadline_s):
+        return
+    name = signal.Signals(signum).name
+    print(f"wikirag: still running {deadline_s:.0f} s after {name}; ending it and the processes it started now "
+          "(its threads' stacks follow, for a bug report)", file=sys.stderr, flush=True)
+    with contextlib.suppress(Exception):
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    _kill_descendants()
+    os._exit(128 + signum)
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process below this one (Dask workers, a server it started in a session of its own)."""
+    import psutil  # Dask's dependency; imported here, where the stop has already come
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=5)
 
 
 class StopRequested(Exception):

@@ -28,7 +28,7 @@ from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.helpers.pages import page_rows, write_dump
-from tests.helpers.processes import REPO, descendants, still_running
+from tests.helpers.processes import REPO, descendants, stacks, still_running
 
 pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 30
@@ -101,7 +101,12 @@ def _run_until(args: list[str], env: dict[str, str], stop: Stop) -> tuple[int, s
         else:
             proc.send_signal(stop.signum)
         os.killpg(proc.pid, signal.SIGCONT)  # the stop signal is pending: it lands as the command resumes
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # say where it hangs, before the finally below kills it
+            hung = [proc.pid, *descendants(proc.pid)]
+            raise AssertionError(f"{stop.stage}: still running 120 s after the signal\n{stacks(hung)}\n"
+                                 + "".join(lines)[-3000:]) from None
         stopped_in = time.monotonic() - signalled
     finally:
         with contextlib.suppress(ProcessLookupError):

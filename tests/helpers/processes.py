@@ -42,3 +42,21 @@ def still_running(seen: dict[int, str]) -> list[str]:
         if stat is not None and stat[1] == started:  # the same process, not a reused pid
             alive.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
     return alive
+
+
+def stacks(pids: list[int]) -> str:
+    """Every thread's Python stack in each live process (``py-spy dump``), for a test's message when a process
+    that should have ended hangs; a line saying why where py-spy is missing or may not attach."""
+    import shutil
+    import subprocess
+
+    if (spy := shutil.which("py-spy")) is None:
+        return "(no stacks: py-spy is not installed)"
+    dumps = []
+    for pid in pids:
+        if proc_stat(pid) is None:
+            continue
+        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60,
+                              check=False)
+        dumps.append(done.stdout or f"pid {pid}: {done.stderr.strip()}")
+    return "\n".join(dumps)
