@@ -109,7 +109,7 @@ def _kill_descendants() -> None:
     for child in children:
         with contextlib.suppress(psutil.Error):
             child.kill()
-    psutil.wait_procs(children, timeout=5)
+    psutil.wait_procs(children, timeout=2)
 
 
 class StopRequested(Exception):

