@@ -46,6 +46,8 @@ CANDIDATES = {
     "n_docs-1-steps-48": {"n_docs": 1, "max_steps": 48},
     "blocks-8-steps-32": {"train_generator_layers": 8, "max_steps": 32},
     "lr-1e-4": {"lr": 1e-4},
+    "lr-5e-5": {"lr": 5e-5},
+    "lr-5e-5-blocks-8": {"lr": 5e-5, "train_generator_layers": 8},
     "blocks-all": {"train_generator_layers": None},
 }
 

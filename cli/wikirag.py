@@ -500,6 +500,7 @@ def entry(argv: Sequence[str] | None = None) -> None:
     """The ``wikirag`` program: :func:`main` (which tests call in process), then the exit."""
     argv = sys.argv[1:] if argv is None else list(argv)
     code = main(argv)
+    stop_signals.exit_by_the_deadline()  # a stopped command's teardown is bound by its stop's deadline too
     # the parser's own reading (a global option's value, as in `--home DIR search`, is no command)
     skip_teardown = code == 2 and read_only(build_parser().parse_args(argv))
     end_command(code, skip_teardown=skip_teardown)

@@ -28,6 +28,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
@@ -36,6 +37,7 @@ STOP_DEADLINE_S = 25.0
 _received: list[int] = []
 _read_fd: int | None = None
 _reading = threading.Lock()  # the deadline's thread and received() both drain the descriptor
+_stop: tuple[int, float] | None = None  # the last recording's stop signal and when its thread saw it
 
 
 @contextlib.contextmanager
@@ -43,7 +45,7 @@ def recording(deadline_s: float = STOP_DEADLINE_S) -> Iterator[None]:
     """Record the signals that reach this process while the block runs, and end the process ``deadline_s``
     after a stop signal if the block has not ended by then (module docstring). Main thread only; elsewhere a
     no-op."""
-    global _read_fd
+    global _read_fd, _stop
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     os.set_blocking(write_fd, False)
@@ -56,6 +58,7 @@ def recording(deadline_s: float = STOP_DEADLINE_S) -> Iterator[None]:
         return
     _received.clear()
     _read_fd = read_fd
+    _stop = None
     ended = threading.Event()
     watch = threading.Thread(target=_deadline, args=(read_fd, ended, deadline_s), name="wikirag-stop-deadline",
                              daemon=True)
@@ -86,15 +89,31 @@ def received() -> int | None:
 
 def _deadline(read_fd: int, ended: threading.Event, deadline_s: float) -> None:
     """The recording's thread: wait for a stop signal, then for the block's end at most ``deadline_s``."""
+    global _stop
     while (signum := _drain(read_fd)) is None:
         if ended.is_set():
             return
         select.select([read_fd], [], [], 0.2)
-    if ended.wait(deadline_s):
+    _stop = (signum, time.monotonic())
+    if not ended.wait(deadline_s):
+        _end_now(signum, deadline_s)
+
+
+def exit_by_the_deadline(deadline_s: float = STOP_DEADLINE_S) -> None:
+    """After a recording that a stop signal ended: hold what is left of the process (the interpreter's teardown:
+    atexit hooks, joins of non-daemon threads) to the same deadline, counted from the signal. Called by the
+    program on its way out, never by code that goes on running in this process."""
+    if (stop := _stop) is None:
         return
-    name = signal.Signals(signum).name
-    print(f"wikirag: still running {deadline_s:.0f} s after {name}; ending it and the processes it started now "
-          "(its threads' stacks follow, for a bug report)", file=sys.stderr, flush=True)
+    signum, at = stop
+    left = max(1.0, at + deadline_s - time.monotonic())
+    threading.Thread(target=lambda: (time.sleep(left), _end_now(signum, deadline_s)), name="wikirag-exit-deadline",
+                     daemon=True).start()
+
+
+def _end_now(signum: int, deadline_s: float) -> None:
+    print(f"wikirag: still running {deadline_s:.0f} s after {signal.Signals(signum).name}; ending it and the "
+          "processes it started now (its threads' stacks follow, for a bug report)", file=sys.stderr, flush=True)
     with contextlib.suppress(Exception):
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     _kill_descendants()

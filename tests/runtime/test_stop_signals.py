@@ -67,3 +67,35 @@ def test_without_a_stop_signal_nothing_fires() -> None:
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, "still running" in err) == (0, False), err
     assert "block ended" in out
+
+
+# A command that stops in time, then hangs in the interpreter's teardown: a non-daemon thread that never ends.
+HANGS_AT_EXIT = textwrap.dedent("""
+    import signal, sys, threading, time
+    from runtime import stop_signals
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        with stop_signals.recording(deadline_s=3):
+            threading.Thread(target=time.sleep, args=(600,), name="never-ends").start()
+            print("ready", flush=True)
+            time.sleep(600)
+    except SystemExit as exc:
+        print("stopped", exc.code, flush=True)
+    stop_signals.exit_by_the_deadline(deadline_s=3)
+    sys.exit(143)
+""")
+
+
+def test_a_teardown_that_hangs_after_a_stop_is_held_to_the_same_deadline() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", HANGS_AT_EXIT], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    assert (proc.returncode, out) == (143, "stopped 143\n"), err
+    assert 3 <= took < 15, took
+    assert "still running 3 s after SIGTERM" in err and "in _shutdown" in err  # where it hung: the thread join
