@@ -37,7 +37,7 @@ STOP_DEADLINE_S = 25.0
 _received: list[int] = []
 _read_fd: int | None = None
 _reading = threading.Lock()  # the deadline's thread and received() both drain the descriptor
-_stop: tuple[int, float] | None = None  # the last recording's stop signal and when its thread saw it
+_stop: tuple[int, float, float] | None = None  # the last recording's stop signal, when it came, its deadline
 
 
 @contextlib.contextmanager
@@ -76,7 +76,7 @@ def recording(deadline_s: float = STOP_DEADLINE_S) -> Iterator[None]:
 
 
 def _drain(read_fd: int) -> int | None:
-    with _reading, contextlib.suppress(BlockingIOError, OSError):
+    with _reading, contextlib.suppress(BlockingIOError):
         while data := os.read(read_fd, 512):
             _received.extend(data)
     return next((s for s in _received if s in STOP_SIGNALS), None)
@@ -94,21 +94,24 @@ def _deadline(read_fd: int, ended: threading.Event, deadline_s: float) -> None:
         if ended.is_set():
             return
         select.select([read_fd], [], [], 0.2)
-    _stop = (signum, time.monotonic())
+    _stop = (signum, time.monotonic(), deadline_s)
     if not ended.wait(deadline_s):
         _end_now(signum, deadline_s)
 
 
-def exit_by_the_deadline(deadline_s: float = STOP_DEADLINE_S) -> None:
+def exit_by_the_deadline() -> None:
     """After a recording that a stop signal ended: hold what is left of the process (the interpreter's teardown:
-    atexit hooks, joins of non-daemon threads) to the same deadline, counted from the signal. Called by the
+    atexit hooks, joins of non-daemon threads) to the recording's deadline, counted from the signal. Called by the
     program on its way out, never by code that goes on running in this process."""
     if (stop := _stop) is None:
         return
-    signum, at = stop
-    left = max(1.0, at + deadline_s - time.monotonic())
-    threading.Thread(target=lambda: (time.sleep(left), _end_now(signum, deadline_s)), name="wikirag-exit-deadline",
-                     daemon=True).start()
+    signum, at, deadline_s = stop
+
+    def end_at_the_deadline() -> None:
+        time.sleep(max(1.0, at + deadline_s - time.monotonic()))
+        _end_now(signum, deadline_s)
+
+    threading.Thread(target=end_at_the_deadline, name="wikirag-exit-deadline", daemon=True).start()
 
 
 def _end_now(signum: int, deadline_s: float) -> None:

@@ -26,6 +26,7 @@ from rag_core.index.versions import latest_version
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from runtime.process_groups import die_with_parent
+from runtime.stop_signals import STOP_DEADLINE_S
 from tests.conftest import SAMPLE_BZ2, S3Server
 from tests.helpers.pages import page_rows, write_dump
 from tests.helpers.processes import REPO, descendants, stacks, still_running
@@ -142,7 +143,7 @@ def test_a_signal_at_each_stage_stops_everything_within_30_s_and_the_next_run_re
         time.sleep(1)  # a stopped child's exit is reaped by init within moments
         assert still_running(seen) == [], stop.stage
         assert not (store / "indexes" / "LATEST").exists(), stop.stage
-        if "still running 25 s after" in stderr:  # the stop deadline ended a hung command (runtime.stop_signals)
+        if f"still running {STOP_DEADLINE_S:.0f} s after" in stderr:  # the stop deadline ended a hung command
             figures[-1] += " (ended by the stop deadline)"
         elif stop.signum == signal.SIGINT:
             assert "wikirag: interrupted; staged parts are kept and a rerun resumes" in stderr

@@ -4,7 +4,6 @@ its artifacts proxied to a local folder (clients reach them only through the ser
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from runtime.prefect_server import _free_port  # below the ephemeral range, as the servers' ports
 from runtime.process_groups import stop_process_group
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

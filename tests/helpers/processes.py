@@ -56,7 +56,11 @@ def stacks(pids: list[int]) -> str:
     for pid in pids:
         if proc_stat(pid) is None:
             continue
-        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60,
-                              check=False)
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30,
+                                  check=False)
+        except subprocess.TimeoutExpired:  # the message this feeds must still come out
+            dumps.append(f"pid {pid}: py-spy did not answer within 30 s")
+            continue
         dumps.append(done.stdout or f"pid {pid}: {done.stderr.strip()}")
     return "\n".join(dumps)

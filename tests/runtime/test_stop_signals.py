@@ -83,7 +83,7 @@ HANGS_AT_EXIT = textwrap.dedent("""
             time.sleep(600)
     except SystemExit as exc:
         print("stopped", exc.code, flush=True)
-    stop_signals.exit_by_the_deadline(deadline_s=3)
+    stop_signals.exit_by_the_deadline()  # the recording's 3 s, counted from the signal
     sys.exit(143)
 """)
 
