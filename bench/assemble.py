@@ -36,6 +36,7 @@ TITLES = {
     "answer_speed": "Answer speed",
     "train_bench": "Fine-tuning",
     "rank_memory_bench": "Memory of a training rank",
+    "rank_malloc_bench": "A training rank's malloc",
     "train_choice_bench": "The main job's fine-tune settings",
     "train_layers_bench": "Fine-tuning only the last decoder blocks",
     "unpadding_bench": "Fine-tuning on unpadded prompts",

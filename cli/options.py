@@ -71,3 +71,12 @@ DDP_PROCESSES = default(Launch, "nproc")
 def add_nproc(p: argparse.ArgumentParser, help: str) -> None:
     """``--nproc``: torchrun's processes per node; ``{default}`` in ``help`` is DDP_PROCESSES."""
     p.add_argument("--nproc", type=int, default=DDP_PROCESSES, help=help.format(default=DDP_PROCESSES))
+
+
+def train_layers(value: str) -> int | str:
+    """``--train-layers``: a number of blocks >= 1, or ``all``."""
+    if value == "all":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number of decoder blocks >= 1, or all")
+    return int(value)

@@ -6,9 +6,9 @@ import argparse
 import json
 import logging
 
-from cli.options import add_nproc, add_store, config_option
+from cli.options import add_nproc, add_store, config_option, train_layers
 from rag_core.errors import WikiragError
-from rag_core.train.jobs import FinetuneRequest, PromotionGate
+from rag_core.train.jobs import TRAINED_BLOCKS, FinetuneRequest, PromotionGate
 from rag_core.train.loaders import TASK_KINDS
 from rag_core.train.recipe import TrainConfig
 from runtime.settings import Settings
@@ -40,8 +40,9 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
                            "their own questions from the index)")
     recipe = {name: value for name, value in (("kind", args.kind), ("max_steps", args.max_steps),
                                               ("batch_size", args.batch_size), ("lr", args.lr),
-                                              ("n_docs", args.n_docs),
-                                              ("train_generator_layers", args.train_layers)) if value is not None}
+                                              ("n_docs", args.n_docs)) if value is not None}
+    layers = TRAINED_BLOCKS if args.train_layers is None else args.train_layers
+    recipe["train_generator_layers"] = None if layers == "all" else layers
     recipe["generator"] = str(resolve_generator(settings.home, args.generator))
     recipe["max_dev_examples"] = args.eval_examples  # the recipe's dev-loss passes too: every evaluation is bounded
     return {"task": args.task, "train": args.train, "dev": args.dev, "recipe": recipe,
@@ -102,8 +103,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "(default {default})")
     config_option(tune, "--lr", TrainConfig, "lr", "peak learning rate (default {default:g}, the paper's)")
     config_option(tune, "--n-docs", TrainConfig, "n_docs", "passages per question (default {default})")
-    config_option(tune, "--train-layers", TrainConfig, "train_generator_layers", "train only the generator's last N "
-                  "decoder blocks, freezing the rest (cheaper steps; default: every parameter)", metavar="N")
+    tune.add_argument("--train-layers", type=train_layers, metavar="N|all", help="train only the generator's last "
+                      f"N decoder blocks, freezing the rest (default {TRAINED_BLOCKS}: cheaper steps, and SmolLM2's "
+                      "ranks stay under 4 GB each); all: every parameter, the paper's (a seq2seq generator's encoder "
+                      "trains only with all)")
     config_option(tune, "--eval-examples", FinetuneRequest, "eval_examples", "dev examples evaluated, before and "
                   "after training and in the recipe's dev loss (default {default})", keep_default=True)
     config_option(tune, "--decoding", FinetuneRequest, "decoding", "RAG-Sequence decoding in evaluation, as the main "

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cli.flow_runs import import_flow, quiet_expected_tracebacks
-from cli.options import add_engine, add_nproc, add_store, config_option, default, given
+from cli.options import add_engine, add_nproc, add_store, config_option, default, given, train_layers
 from cli.plan import add_budget_options, check_rebuild_fits
 from rag_core.errors import WikiragError
 from rag_core.index.plan import GateConfig
@@ -206,15 +206,6 @@ def short_run_fields(args: argparse.Namespace) -> dict[str, Any]:
     if fields.get("train_layers") == "all":
         fields["train_layers"] = None  # ShortRun: None = every parameter
     return fields
-
-
-def train_layers(value: str) -> int | str:
-    """``--train-layers``: a number of blocks >= 1, or ``all``."""
-    if value == "all":
-        return value
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: give a number of decoder blocks >= 1, or all")
-    return int(value)
 
 
 PUBLIC_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa"  # beside a project checkout

@@ -13,6 +13,13 @@ runs real commands with the switch on and off, side by side.
   trip into the kernel. Fixing the mmap threshold at glibc's maximum and
   keeping up to :data:`TRIM_THRESHOLD` of freed heap brings that to a few
   hundred at most; the cost is memory a process keeps after a peak.
+  A **training rank** is the exception (:func:`hand_back_freed_memory`):
+  its rows change length with every retrieved passage, so freed blocks of
+  one size rarely fit the next and the kept heap grows instead of being
+  reused. SmolLM2 on 35 NQ dev questions, one rank, no gradients: 2.1 GB
+  before the pass, 4.9 GB after it with the kept heap, 1.5 GB once
+  ``malloc_trim`` returned it (the live set). So a rank maps every block of
+  :data:`RANK_MMAP_THRESHOLD` or more on its own, and unmaps it when freed.
 - **Dask's nanny** exports ``MALLOC_TRIM_THRESHOLD_=65536`` to every worker;
   setting any malloc threshold also pins the mmap threshold at 128 KiB, the
   same page faults again. Workers started here run without it
@@ -89,14 +96,15 @@ def tuned() -> bool:
     return switches().process_tuning
 
 
-def start_process(given: Switches | None = None) -> Switches:
+def start_process(given: Switches | None = None, *, training_rank: bool = False) -> Switches:
     """What every wikirag process does first (the CLI, each Dask worker, each training rank): the performance
-    machinery on or off (:mod:`rag_core.perf`), and glibc's malloc tuned unless process tuning is off."""
+    machinery on or off (:mod:`rag_core.perf`), and glibc's malloc tuned unless process tuning is off: kept for
+    reuse (:func:`keep_freed_memory`), or in a training rank handed back (:func:`hand_back_freed_memory`)."""
     global _started
     _started = given or _from_environment()
     perf.set_enabled(_started.perf)
     if _started.process_tuning:
-        keep_freed_memory()
+        (hand_back_freed_memory if training_rank else keep_freed_memory)()
     return _started
 
 
@@ -104,6 +112,10 @@ def start_process(given: Switches | None = None) -> Switches:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD = 32 << 20  # glibc's maximum: blocks below it come from the heap and are reused
 TRIM_THRESHOLD = 512 << 20  # freed heap kept for reuse before any goes back to the OS
+# A training rank's: its activations (a 256-token row's hidden states, MLP widths, attention scores: 0.3-2.4 MB)
+# are mappings of their own (bench/rank_memory_bench.py measures the choice).
+RANK_MMAP_THRESHOLD = 256 << 10
+RANK_TRIM_THRESHOLD = 128 << 10  # glibc's default: the heap's free top goes back at once
 _MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 DASK_TRIM_DEFAULT = "65536"  # what a plain Dask nanny exports as MALLOC_TRIM_THRESHOLD_; not a user's choice
 # Dask reads this at import; a value of None removes the variable from what the nanny sets (its other defaults,
@@ -119,6 +131,20 @@ def keep_freed_memory() -> bool:
     (musl, macOS), nor where the environment sets a malloc threshold (a user's tuning wins; Dask's nanny
     default does not count).
     """
+    return _mallopt(MMAP_THRESHOLD, TRIM_THRESHOLD)
+
+
+@functools.cache
+def hand_back_freed_memory() -> bool:
+    """A training rank's malloc: blocks of :data:`RANK_MMAP_THRESHOLD` or more are mapped on their own and unmapped
+    when freed, so a rank holds its live set, not its peaks plus a heap that grows with each new row length; once
+    per process. Returns whether the thresholds were set (as :func:`keep_freed_memory`)."""
+    return _mallopt(RANK_MMAP_THRESHOLD, RANK_TRIM_THRESHOLD)
+
+
+def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
+    """glibc's two thresholds, unless process tuning is off, the libc has no ``mallopt`` (musl, macOS) or the
+    environment sets a malloc threshold (a user's tuning wins; Dask's nanny default does not count)."""
     user_set = [k for k in _MALLOC_ENV if k in os.environ
                 and not (k == "MALLOC_TRIM_THRESHOLD_" and os.environ[k] == DASK_TRIM_DEFAULT)]
     if not tuned() or user_set or not sys.platform.startswith("linux"):
@@ -128,7 +154,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold) and mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
 def without_dask_trim(environ: Mapping[str, str]) -> dict[str, str]:

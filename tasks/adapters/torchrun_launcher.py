@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = Settings()
-        start_process(settings)  # before the model loads: precision switch and malloc, as in every wikirag process
+        start_process(settings, training_rank=True)  # before the model loads: precision switch and malloc
         store = settings.open_store(args.store)
         with _tracking(args, distributed.rank) as logger, \
                 _dask_retrievers(args.dask_address, share_name(os.environ)) as open_retriever:

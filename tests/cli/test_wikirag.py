@@ -125,6 +125,23 @@ def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) ->
     assert f"(default {ShortRun().train_layers} of SmolLM2's 30" in help_text(capsys, "run")
 
 
+def test_finetune_trains_the_last_blocks_by_default_and_every_parameter_when_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from cli.train import finetune_request
+    from rag_core.train.jobs import TRAINED_BLOCKS, ShortRun
+
+    def layers(*flags: str) -> int | None:
+        args = build_parser().parse_args(["finetune", "--task", "cloze", "--generator", str(tmp_path), *flags])
+        return finetune_request(args, Settings(home=tmp_path))["recipe"]["train_generator_layers"]
+
+    assert layers() == TRAINED_BLOCKS == ShortRun().train_layers  # `wikirag finetune` and the main job agree
+    assert layers("--train-layers", "all") is None and layers("--train-layers", "4") == 4
+    with pytest.raises(SystemExit):
+        layers("--train-layers", "0")
+    assert "'0': give a number of decoder blocks >= 1, or all" in capsys.readouterr().err
+    assert f"(default {TRAINED_BLOCKS}: cheaper steps" in help_text(capsys, "finetune")
+
+
 @pytest.mark.parametrize(("command", "teardown"), [(["--home", "h", "search", "q", "-k", "0"], False),
                                                    (["ingest", "missing.xml"], True)])
 def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_error(
