@@ -224,12 +224,12 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
     line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
     """
-    from runtime.process_tuning import without_dask_trim
+    from runtime.process_tuning import rank_environment
     from rag_core.train.recipe import TrainResult
 
     if nproc < 1:
         raise TrainingJobError(f"nproc must be at least 1, got {nproc}")
-    env = without_dask_trim(os.environ if env is None else env)  # Dask's malloc setting slowed the steps
+    env = rank_environment(os.environ if env is None else env)  # no Dask malloc trim, oneDNN's cache bounded
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)  # this checkout's code
     with tempfile.TemporaryDirectory(prefix="wikirag-train-") as tmp:
         config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.json"

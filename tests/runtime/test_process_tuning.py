@@ -267,3 +267,15 @@ def test_workers_of_the_services_start_as_every_wikirag_process_and_honour_the_s
     # glibc's and Dask's own defaults: no mallopt, and the nanny's MALLOC_TRIM_THRESHOLD_ left in place
     assert not plain["perf"] and not plain["malloc_tuned"], plain
     assert plain["trim"] == process_tuning.DASK_TRIM_DEFAULT, plain
+
+
+def test_training_ranks_bound_onednns_kernel_cache_unless_the_environment_or_the_switch_says_otherwise(
+        switched) -> None:
+    switched(process_tuning=True)
+    env = process_tuning.rank_environment({"PATH": "/bin", "MALLOC_TRIM_THRESHOLD_": process_tuning.DASK_TRIM_DEFAULT})
+    assert env == {"PATH": "/bin", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": process_tuning.RANK_ONEDNN_CACHE}
+    assert process_tuning.rank_environment({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}) == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}  # a user's choice wins
+    switched(process_tuning=False)
+    untouched = {"PATH": "/bin", "MALLOC_TRIM_THRESHOLD_": process_tuning.DASK_TRIM_DEFAULT}
+    assert process_tuning.rank_environment(untouched) == untouched
