@@ -2,7 +2,8 @@
 wikirag process's), side by side on the real generator and real questions.
 
 Two kinds of 2-rank run (``tasks.adapters.torchrun_launcher.launch_training``: ``torchrun --standalone``, gloo,
-1 torch thread per rank), the same recipe, data and models, only the ranks' malloc differing:
+1 torch thread per rank, ``runtime.process_tuning.rank_environment``), the same recipe, data and models, only the
+ranks' malloc differing:
 
 - **handed back**: the ranks as ``wikirag finetune`` starts them (``runtime.process_tuning.hand_back_freed_memory``:
   blocks of ``RANK_MMAP_THRESHOLD`` and more mapped on their own, unmapped when freed);
@@ -108,7 +109,8 @@ def render(info: RunInfo, args, config, peaks: dict, rates: dict) -> str:
               f"`{args.dev}` before and after {config.max_steps} steps; {args.repeats} runs per kind, interleaved. "
               "Peak RSS: psutil every 0.2 s, each rank of each run. Examples/s: the recipe's median over the steps "
               "after the first."), "",
-             "| ranks' malloc | peak RSS per rank, GB (min / median / max) | training examples/s (min / median / max) |",
+             "| ranks' malloc | peak RSS per rank, GB (min / median / max) "
+             "| training examples/s (min / median / max) |",
              "|---|---:|---:|",
              *(f"| {k} | {gb(peaks[k])} | {spread(rates[k], '{:.3f}')} |" for k in KINDS), "",
              (f"Kept / handed back, peak per rank: {ratio:.2f}x (medians). Handed back / kept, examples/s: "

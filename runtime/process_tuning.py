@@ -114,7 +114,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD = 32 << 20  # glibc's maximum: blocks below it come from the heap and are reused
 TRIM_THRESHOLD = 512 << 20  # freed heap kept for reuse before any goes back to the OS
 # A training rank's: its activations (a 256-token row's hidden states, MLP widths, attention scores: 0.3-2.4 MB)
-# are mappings of their own (bench/rank_memory_bench.py measures the choice).
+# are mappings of their own (bench/rank_malloc_bench.py measures the choice).
 RANK_MMAP_THRESHOLD = 256 << 10
 RANK_TRIM_THRESHOLD = 128 << 10  # glibc's default: the heap's free top goes back at once
 # oneDNN's kernels kept by a rank (its default: 1,024). Each row length makes new ones, so the cache fills over
