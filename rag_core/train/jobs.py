@@ -52,7 +52,8 @@ class FinetuneRequest(BaseModel):
 # The generator's decoder blocks a fine-tune trains by default (the last ones; `wikirag finetune`, the main job and
 # prefect.yaml's finetune deployment). Half of SmolLM2-135M's 30: on the sample, dev loss 19.5 -> 11.1 in 24 steps
 # (all blocks: 10.4, the last 10: 13.4) at about 2/3 of the step time (bench/train_layers_bench.py), and a rank's
-# peak memory under 4 GB at the finetune defaults, where every block needs 4.5 GB (bench/rank_malloc_bench.py).
+# peak memory under 4 GB at the finetune defaults (bench/rank_malloc_bench.py), where every block would add about
+# 1.1 GB of gradients, Adam states and bf16 copies (81M more trained parameters).
 TRAINED_BLOCKS = 15
 
 
@@ -65,8 +66,8 @@ class ShortRun(BaseModel):
     n_docs: int = Field(2, ge=1, description="passages per question")
     max_context_length: int = Field(160, ge=8, description="generator input tokens per passage (seq2seq; "
                                                               "a decoder-only prompt holds the whole passage)")
-    train_layers: int | None = Field(TRAINED_BLOCKS, ge=1, description="generator decoder blocks trained (the last ones); "
-                                                           "None = every parameter")
+    train_layers: int | None = Field(TRAINED_BLOCKS, ge=1, description="generator decoder blocks trained (the "
+                                                                        "last ones); None = every parameter")
     train_question_encoder: bool = Field(True, description="train the question encoder too; False = retrieve "
                                                             "as the index's own encoder does")
     eval_examples: int = Field(8, ge=1, description="generated dev questions evaluated, zero-shot and fine-tuned "
