@@ -19,9 +19,9 @@ The parts (each rank holds its own copy of every one):
 Rank 0 alone also holds a checkpoint's serialized copy of the weights and the optimizer's state while it writes
 one (``checkpoint``). The runtime part is calibrated on SmolLM2-135M-Instruct at ``wikirag finetune``'s defaults
 (n_docs 5, batch 8, micro-batches of one example, the last 15 blocks trained, activation checkpointing, bf16
-autocast, the ranks' malloc handing freed memory back): 2 ranks under torchrun peaked at 3.7-3.8 GB each
-(bench/rank_malloc_bench.py), beside 1.8 GB for the other parts; the rest is the interpreter and libraries, the
-backward pass's transients, the DDP and gloo buffers and oneDNN's kernel cache.
+autocast, the ranks' malloc handing freed memory back): 2 ranks under torchrun peaked at 3.5-3.6 GB in 3 steps
+(bench/rank_malloc_bench.py) and up to 3.8 GB in 10, beside 1.8 GB for the other parts; the rest is the
+interpreter and libraries, the backward pass's transients, the DDP and gloo buffers and oneDNN's kernel cache.
 """
 
 from __future__ import annotations
