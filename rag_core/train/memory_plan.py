@@ -37,6 +37,7 @@ from rag_core.errors import WikiragError
 
 GB = 1e9
 RUNTIME_BYTES = 2.0e9  # a rank's peak beyond the parts counted (module docstring): measured, not derived
+KEPT_HEAP_BYTES = 0.8e9  # more with rank_memory "fast" (freed heap kept): bench/rank_malloc_bench.py, max to max
 ROW_TOKENS = {"decoder-only": 256, "seq2seq": None}  # decoder-only: system + passage + question + answer tokens
 PASSAGE_COLUMN_BYTES = 700  # ids, titles, texts per passage (Arrow), measured on the sample
 _BLOCK = re.compile(r"\.(?:layers|h|block)\.(\d+)\.")
@@ -137,7 +138,8 @@ def plan_memory(config: Any, index_manifest: Any | None, generator_dir: Path, en
         index = (sum(shard.bytes for shard in index_manifest.shards)
                  + index_manifest.count * (4 * index_manifest.dim + PASSAGE_COLUMN_BYTES))
     checkpoint = 1.6 * (4.0 * parameters + 8.0 * trained)  # measured: 3.0 GB above rank 1 for SmolLM2's 1.9 GB
-    return MemoryPlan(runtime=RUNTIME_BYTES, weights=4.0 * parameters, optimizer=optimizer, activations=activations,
+    runtime = RUNTIME_BYTES + (KEPT_HEAP_BYTES if config.rank_memory == "fast" else 0.0)
+    return MemoryPlan(runtime=runtime, weights=4.0 * parameters, optimizer=optimizer, activations=activations,
                       index=index, checkpoint=checkpoint, parameters=parameters, trained=trained)
 
 

@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 
 # Fields that may change between a run and its resumption: they do not change the trajectory.
 RUN_CONTROL = frozenset({"max_steps", "eval_every", "max_dev_examples", "checkpoint_every", "keep_checkpoints",
-                         "log_every", "threads", "device", "activation_checkpointing"})
+                         "log_every", "threads", "device", "activation_checkpointing", "rank_memory"})
 _DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout")
 
 
@@ -127,6 +127,11 @@ class TrainConfig(BaseModel):
                                                              "backward pass and recompute the rest there (the same "
                                                              "gradient, more compute; SmolLM2, n_docs 5: a rank's "
                                                              "peak 4.2 GB instead of 5.0)")
+    rank_memory: Literal["lean", "fast"] = Field(
+        "lean", description="a torchrun rank's process (runtime.process_tuning): lean = freed memory goes back to "
+                            "the system and oneDNN keeps fewer kernels (SmolLM2 at the finetune defaults: 3.6 GB per "
+                            "rank, 0.78x the examples/s of memory kept, bench/rank_malloc_bench.py); fast = freed "
+                            "memory kept for reuse, as in other processes")
     max_steps: int = Field(100, ge=0, description="optimizer steps in all (a resumed run counts those done)")
     eval_every: int = Field(0, ge=0, description="dev loss every N steps; 0 = at the start and the end only")
     max_dev_examples: int = Field(256, ge=1, description="dev loss over at most the first N dev examples")

@@ -159,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         settings = Settings()
-        start_process(settings, training_rank=True)  # before the model loads: precision switch and malloc
+        # before the model loads: precision switch and malloc
+        start_process(settings, training_rank=config.rank_memory == "lean")
         store = settings.open_store(args.store)
         with _tracking(args, distributed.rank) as logger, \
                 _dask_retrievers(args.dask_address, share_name(os.environ)) as open_retriever:
@@ -224,12 +225,13 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
     line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
     """
-    from runtime.process_tuning import rank_environment
+    from runtime.process_tuning import rank_environment, without_dask_trim
     from rag_core.train.recipe import TrainResult
 
     if nproc < 1:
         raise TrainingJobError(f"nproc must be at least 1, got {nproc}")
-    env = rank_environment(os.environ if env is None else env)  # no Dask malloc trim, oneDNN's cache bounded
+    # no Dask malloc trim; lean ranks: oneDNN's cache bounded too
+    env = (rank_environment if config.rank_memory == "lean" else without_dask_trim)(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)  # this checkout's code
     with tempfile.TemporaryDirectory(prefix="wikirag-train-") as tmp:
         config_file, result_file = Path(tmp) / "config.json", Path(tmp) / "result.json"
