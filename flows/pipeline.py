@@ -87,7 +87,8 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
               "n_docs": run.n_docs, "max_context_length": run.max_context_length,
               "train_generator_layers": run.train_layers, "train_question_encoder": run.train_question_encoder,
               "checkpoint_every": 0, "kind": "sequence",
-              # the main job's time budget: its lean ranks took 9.7 s per step instead of 7.0 (4.9 GB per rank fits)
+              # the main job's time budget: lean ranks run at 0.78x the examples/s (bench/rank_malloc_bench.py),
+              # and two fast ranks of this short run fit the machine
               "rank_memory": "fast",
               # four dev-loss points for the plot at the cost of two passes over 16
               "eval_every": max(1, run.max_steps // 3), "max_dev_examples": 8}

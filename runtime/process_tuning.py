@@ -119,7 +119,8 @@ RANK_MMAP_THRESHOLD = 256 << 10
 RANK_TRIM_THRESHOLD = 128 << 10  # glibc's default: the heap's free top goes back at once
 # oneDNN's kernels kept by a rank (its default: 1,024). Each row length makes new ones, so the cache fills over
 # the first steps: in a one-rank probe (SmolLM2) RSS rose 2.70 -> 3.22 GB over steps 1-6 with 1,024 and 2.60 ->
-# 2.90 GB with 256, at a few percent of the step time (16 thrashed within a forward: steps 1.4x slower).
+# 2.90 GB with 256 (memory probes; the step-time cost is inside bench/rank_malloc_bench.py's lean ranks). Far
+# smaller caps re-make kernels within every forward pass.
 RANK_ONEDNN_CACHE = "256"
 _MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 DASK_TRIM_DEFAULT = "65536"  # what a plain Dask nanny exports as MALLOC_TRIM_THRESHOLD_; not a user's choice
