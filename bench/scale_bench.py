@@ -229,6 +229,7 @@ def run_size(n: int, dump: Path, index: Path, encoder: Path, questions: Path, wo
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"WIKIRAG_HOME": str(home)}
     wikirag = [sys.executable, "-m", "cli.wikirag"]
     home.mkdir(parents=True)
+    started, load_before = dt.datetime.now(dt.timezone.utc), os.getloadavg()
     log(f"{n:,} passages: index-rebuild")
     rebuild = watched([*wikirag, "index-rebuild", str(dump), "--index", str(index), "--store", str(store),
                        "--encoder", str(encoder), "--encoder-dtype", "float32", "--workers", str(workers)],
@@ -250,7 +251,8 @@ def run_size(n: int, dump: Path, index: Path, encoder: Path, questions: Path, wo
     store_bytes = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in store.iterdir()}
     return {"target": n, "passages": manifest["counts"]["passages"], "pages": pages_for(n),
             "dump_bytes": dump.stat().st_size, "version": version, "stages": stages, "store_bytes": store_bytes,
-            "workers": workers, "cpu": "own threads"}
+            "workers": workers, "cpu": "own threads", "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "load": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
 
 
 # -- the real encoder's cost, apart -----------------------------------------------------------
@@ -299,6 +301,15 @@ def project(ns: list[int], ys: list[float], target: int) -> float:
     return max(power, ys[-1] + max(slope, 0.0) * (target - ns[-1]))
 
 
+def _provenance(runs: list[dict]) -> list[str]:
+    """When each size ran and the 1-minute load before and after it (a --report-only header has its own)."""
+    known = [r for r in runs if "started" in r]
+    if not known:
+        return []
+    return ["Runs: " + "; ".join(f"{r['passages']:,} passages at {r['started']}, load {r['load'][0]:.2f} before and "
+                                 f"{r['load'][1]:.2f} after" for r in known) + ".", ""]
+
+
 def _peak(stage: dict, role: str) -> float:
     return stage["rss"].get(role, 0.0)
 
@@ -315,8 +326,9 @@ def report(info: RunInfo, runs: list[dict], rates: dict[str, float], plans: list
         f"pages); each size a fresh `WIKIRAG_HOME` (own Prefect server, local Dask cluster of {workers} workers). "
         f"Encoder: a random 2-layer, {TINY_DIM}-wide BERT with MiniLM's tokenizer, float32 (the same code path); "
         "FAISS factory `auto`. Wall and CPU seconds per stage; CPU is the whole process tree's. Peak RSS in MB of "
-        "the largest process of each role within the stage: main / Prefect server / Dask worker. The machine is "
-        "shared with other jobs: see the load average.", "",
+        "the largest process of each role within the stage: main / Prefect server / Dask worker. Other jobs on the "
+        "machine show in the load average above.", "",
+        *_provenance(runs),
         "| stage | " + " | ".join(f"{n:,}: wall s / CPU s / peak RSS main, server, worker" for n in ns)
         + " | exponent (wall) | exponent (CPU) | flag |",
         "|---|" + "---:|" * len(ns) + "---:|---:|---|"]
@@ -362,11 +374,11 @@ def _planner_rows(runs: list[dict], plans: list[dict]) -> list[str]:
     lines = ["", "### The planner (`wikirag plan`) against these runs", "",
              "`rag_core.capacity` predicted each dump from its multistream index and a calibration on 8 of its "
              "streams (the same tiny encoder, one torch thread). Its per-stage overhead constants (STAGE_OVERHEAD, "
-             "STAGE_FIXED_CPU_S in rag_core/capacity/plan.py) were fitted on the 30,000 and 100,000 runs; 300,000 "
-             "is the held-out check. Error = predicted / "
+             "STAGE_FIXED_CPU_S in rag_core/capacity/plan.py) were fitted on earlier runs of 30,000 and 100,000 "
+             "passages; larger sizes are held-out checks. Error = predicted / "
              "measured - 1. Stage cost is compared in CPU seconds (predicted hours x workers x 3600 against the "
-             "process tree's CPU seconds in that stage): on this shared machine, whose load average stayed far above "
-             "its 2 cores, wall time measures the other jobs as much as the rebuild.", "",
+             "process tree's CPU seconds in that stage): on a machine shared with other jobs, wall time measures them "
+             "as much as the rebuild.", "",
              "| passages | passages: measured / predicted / error | store GB: measured / predicted / error | "
              + " | ".join(f"{s} CPU s: measured / predicted / error" for s in PLANNED_STAGES)
              + " | factory, shards: planned |", "|---:|---:|---:|" + "---:|" * len(PLANNED_STAGES) + "---|"]
@@ -397,7 +409,7 @@ def _projection(runs: list[dict], ns: list[int], rates: dict[str, float], worker
              f"{rates['tiny_per_cpu_s']:.0f} (measured apart, 1,000 passages, one process, one torch thread), over {parallel} "
              f"parallel workers: +{encoder_extra / 3600:,.1f} h. Index is scaled by {REAL_DIM}/{TINY_DIM} (the real "
              f"vectors' width; flat and graph builds are linear in it). Same machine, {workers} workers.", "",
-             "Wall is projected from wall as measured here (a machine loaded by other jobs); CPU from the process "
+             "Wall is projected from wall as measured here (with whatever else ran: see the load average); CPU from the process "
              f"tree's CPU seconds, and CPU / {parallel} is the wall time the same work takes on {parallel} free cores.",
              "", f"| stage | projected wall h at 21M | projected CPU h | CPU h / {parallel} |", "|---|---:|---:|---:|"]
     totals = [0.0, 0.0]
