@@ -43,6 +43,7 @@ from rag_core.index.faiss_index import (
     PQ_SUBQUANTIZERS,
     IndexBuildError,
     choose_factory,
+    fast_scan_bytes,
 )
 
 GB = 1e9
@@ -137,6 +138,8 @@ def index_bytes_per_vector(factory: str, dim: int) -> float:
         return 4 * dim + graph
     if factory == f"HNSW{HNSW_M}_SQ8":
         return dim + graph
+    if factory.endswith(",RFlat"):
+        return fast_scan_bytes(dim)
     if factory.endswith(",SQ8"):
         return dim + IVF_ID_BYTES
     if ",PQ" in factory:

@@ -54,6 +54,9 @@ IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
 MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
+FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code costs little to scan, a list to visit much (docs/benchmarks.md)
+FAST_SCAN_MIN_TRAIN = 1_000  # 4-bit PQ trains 16 centroids per sub-quantiser; fewer rows give poor codes
+REFINE_K_FACTOR = 4  # a refined index re-ranks 4k fast-scan candidates exactly (docs/benchmarks.md)
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
 
@@ -144,10 +147,16 @@ def choose_factory(
     A version of ``shards`` > 1 is trained together (:func:`train_index`): its
     IVF tiers size their lists for the whole index (the shards share one coarse
     quantizer and, searched together, cost what one such index costs), and the
-    per-shard fixed costs count once per shard. The family order stays: on the
-    recombined corpus's first 30,000 passages one IVF index (512 or 2048 lists)
-    was 0.4x to 1.0x HNSW32's QPS at equal recall, so IVF shards trained
-    together did not beat HNSW32 shards there.
+    per-shard fixed costs count once per shard. Above Flat's size such a
+    version first tries
+
+    0. ``IVF{k},PQ{d/2}x4fs,RFlat`` (4d + d/4 + 8): 4-bit PQ codes scanned
+       with SIMD, the best REFINE_K_FACTOR x k candidates re-ranked on the raw
+       vectors; k ~ sqrt(n) lists, a quarter of the IVF SQ8 tier's: scanning
+       a 4-bit code is cheap, visiting a list is not. HNSW32 shards each cost
+       nearly a whole graph walk, so 4 of them search at half one HNSW32's QPS
+       or less; these shards, loaded together, are one index
+       (docs/benchmarks.md, "4 IVF shards trained together against one index").
 
     Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
     The recall target is a prior, not a guarantee: the recall gate measures it.
@@ -165,6 +174,9 @@ def choose_factory(
     if (n_vectors <= FLAT_MAX_VECTORS or recall_target >= EXACT_RECALL) and fits(4 * dim):
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
+    fast_lists = ivf_lists(shard_n, train_n, per_sqrt=FAST_SCAN_LISTS_PER_SQRT)
+    if shards > 1 and train_n >= FAST_SCAN_MIN_TRAIN and fits(fast_scan_bytes(dim), 4 * dim * (fast_lists + 8)):
+        return fast_scan_factory(fast_lists, dim)
     if fits(4 * dim + graph):
         return f"HNSW{HNSW_M}"
     if fits(dim + graph, 8 * dim):
@@ -261,7 +273,7 @@ def build_tuned_shard(
     coarse = coarse_fingerprint(index)
     nprobe = config.nprobe
     if trained is not None and coarse is not None:  # the version's nprobe, measured here, not tuned
-        nprobe = nprobe or faiss.downcast_index(trained.index).nprobe
+        nprobe = nprobe or faiss.extract_index_ivf(trained.index).nprobe
     shared = {"coarse_sha256": coarse} if trained is not None and coarse else {}
     report = {"factory": factory, **shared, **tune_search(index, x, rows, queries, recall_target=config.recall_target,
                                                           metric=config.metric, ef_search=config.ef_search,
@@ -304,6 +316,9 @@ def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = N
             f"FAISS does not understand the factory string {factory!r} ({_faiss_message(exc)}); "
             "use e.g. Flat, HNSW32, IVF1024,SQ8, OPQ48,IVF1024,PQ48 or auto"
         ) from exc
+    refine = faiss.downcast_index(index)
+    if isinstance(refine, faiss.IndexRefine):  # saved with the index, so every copy re-ranks as many
+        refine.k_factor = REFINE_K_FACTOR
     if not index.is_trained:
         if n > config.train_sample:
             rows = np.random.default_rng(config.seed).choice(n, config.train_sample, replace=False)
@@ -346,9 +361,25 @@ def needs_training(factory: str, dim: int) -> bool:
 
 
 def coarse_quantizer(index: faiss.Index) -> faiss.Index | None:
-    """The coarse quantizer of an index that is an IVF index itself (not behind a transform), or None."""
+    """The coarse quantizer of an index that is an IVF index itself, or refines one (not behind a transform)."""
     inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexRefine):
+        inner = faiss.downcast_index(inner.base_index)
     return inner.quantizer if isinstance(inner, faiss.IndexIVF) else None
+
+
+def fast_scan_factory(lists: int, dim: int) -> str:
+    """IVF over 4-bit PQ codes of two dimensions each, scanned with SIMD, re-ranked on the raw vectors."""
+    return f"IVF{lists},PQ{_fast_scan_codes(dim)}x4fs,RFlat"
+
+
+def fast_scan_bytes(dim: int) -> float:
+    """Bytes per vector of :func:`fast_scan_factory`: the 4-bit codes, the raw vectors and an id."""
+    return _fast_scan_codes(dim) / 2 + 4 * dim + IVF_ID_BYTES
+
+
+def _fast_scan_codes(dim: int) -> int:
+    return dim // 2 if dim % 2 == 0 else dim  # sub-quantisers must divide the dimension
 
 
 def coarse_fingerprint(index: faiss.Index) -> str | None:

@@ -19,6 +19,9 @@ lists of one index over all passages. :func:`shared_coarse` finds that
 quantizer; a search then ranks the centroids once and each shard scans only
 its part of the chosen lists (FAISS's ``search_preassigned``), so 4 shards do
 the work of one index instead of four coarse searches, with its top-k.
+A version loaded whole (:meth:`ShardedIndex.load`) goes further: its shards'
+lists move into one index (:func:`merge_trained_together`), so a process that
+holds 4 such shards searches at one index's speed, not 4 scans' overheads.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from rag_core.index.versions import CorruptShardError, read_manifest
 from rag_core.parquet_bytes import parquet_to_table
 from rag_core.storage import Store
 
+RERANK_CHUNK = 128  # queries re-ranked at once: 128 x 40 candidates x 384 floats is 8 MB
 QUERIES_PER_THREAD = 64  # a FAISS thread pays off from this many queries of a batch on (docs/benchmarks.md)
 
 
@@ -95,16 +99,65 @@ def shared_coarse(shards: Sequence[faiss.Index]) -> faiss.Index | None:
     return coarse_quantizer(shards[0])
 
 
+def merge_trained_together(shards: Sequence[faiss.Index]) -> faiss.Index | None:
+    """One index holding every shard's vectors, row ``offset_s + i`` for row ``i`` of shard ``s``, when the
+    shards were trained together (:func:`shared_coarse`); else None and the shards untouched.
+
+    The shards' lists move into the first shard's (FAISS's ``merge_from``: nothing is copied, and every shard
+    but the first is left empty), so the result searches exactly as one index over all passages trained once:
+    the same candidates, the same top-k, at one index's speed.
+    """
+    if shared_coarse(shards) is None:
+        return None
+    merged, offset = shards[0], shards[0].ntotal
+    for shard in shards[1:]:
+        count = shard.ntotal
+        into, other = faiss.downcast_index(merged), faiss.downcast_index(shard)
+        if isinstance(into, faiss.IndexRefine):  # FAISS merges the coded and the raw parts, not the pair
+            faiss.downcast_index(into.base_index).merge_from(faiss.downcast_index(other.base_index), offset)
+            faiss.downcast_index(into.refine_index).merge_from(faiss.downcast_index(other.refine_index), 0)
+            into.ntotal, other.ntotal = into.base_index.ntotal, 0
+        else:
+            into.merge_from(other, offset)
+        offset += count
+    return merged
+
+
 def search_preassigned(index: faiss.Index, x: np.ndarray, k: int, centroid_scores: np.ndarray,
                        lists: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One IVF shard's ``(distances, rows)`` over the lists ranked by a shared coarse search (``[q, >= nprobe]``,
     best first); the shard scans its own ``nprobe`` first ones, as its own search would."""
     if index.ntotal == 0:
         return np.empty((len(x), 0), np.float32), np.empty((len(x), 0), np.int64)
-    ivf = faiss.downcast_index(index)
+    ivf, refine = faiss.downcast_index(index), None
+    if isinstance(ivf, faiss.IndexRefine):
+        refine, ivf = ivf, faiss.downcast_index(ivf.base_index)
     nprobe = min(ivf.nprobe, ivf.nlist)
-    return ivf.search_preassigned(x, min(k, index.ntotal), np.ascontiguousarray(lists[:, :nprobe]),
-                                  np.ascontiguousarray(centroid_scores[:, :nprobe]))
+    k = min(k, index.ntotal)
+    candidates = k if refine is None else min(int(k * refine.k_factor), index.ntotal)
+    found = ivf.search_preassigned(x, candidates, np.ascontiguousarray(lists[:, :nprobe]),
+                                   np.ascontiguousarray(centroid_scores[:, :nprobe]))
+    return found if refine is None else rerank(refine, x, found[1], k)
+
+
+def rerank(refine: faiss.Index, x: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of each query's candidate rows by exact score on a refine index's raw vectors, as FAISS's
+    own refine step ranks them: ``(distances, rows)``, FAISS's convention (-1 rows at the end)."""
+    flat = faiss.downcast_index(refine.refine_index)
+    vectors = faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+    ip = refine.metric_type == faiss.METRIC_INNER_PRODUCT
+    distances = np.empty((len(x), k), np.float32)
+    rows = np.empty((len(x), k), np.int64)
+    for start in range(0, len(x), RERANK_CHUNK):  # the gathered vectors stay a few MB for any batch
+        part, xs = candidates[start:start + RERANK_CHUNK], x[start:start + RERANK_CHUNK]
+        found = part >= 0
+        picked = vectors[np.where(found, part, 0)]  # [q, c, d]
+        scores = np.einsum("qd,qcd->qc", xs, picked) if ip else ((picked - xs[:, None, :]) ** 2).sum(-1)
+        order = np.argsort(np.where(found, -scores if ip else scores, np.inf), axis=1, kind="stable")[:, :k]
+        rows[start:start + RERANK_CHUNK] = np.take_along_axis(np.where(found, part, -1), order, axis=1)
+        worst = -np.inf if ip else np.inf
+        distances[start:start + RERANK_CHUNK] = np.take_along_axis(np.where(found, scores, worst), order, axis=1)
+    return distances, rows
 
 
 @contextmanager
@@ -206,6 +259,7 @@ class ShardedIndex:
         manifest: dict[str, Any] | None = None,
         max_workers: int | None = None,
         threads: int | None = None,
+        merge: bool = False,
     ) -> None:
         if not shards or len(shards) != len(passages):
             raise QueryError(f"need one passages table per shard, got {len(shards)} shards and {len(passages)} tables")
@@ -217,7 +271,11 @@ class ShardedIndex:
         for s, (index, table) in enumerate(zip(shards, passages)):
             if index.ntotal != table.num_rows:
                 raise QueryError(f"shard {s}: the index holds {index.ntotal} vectors but {table.num_rows} passages")
-        self.shards = list(shards)
+        self.num_shards = len(shards)
+        self.row_offsets = np.cumsum([0] + [index.ntotal for index in shards])[:-1]  # global row of each shard's 0
+        merged = merge_trained_together(shards) if merge else None
+        self.merged = merged is not None  # then self.shards is that one index and rows are global
+        self.shards = [merged] if merged is not None else list(shards)
         self.metric = metric
         self.manifest = manifest or {}
         self.dim = dims.pop()
@@ -243,7 +301,7 @@ class ShardedIndex:
         with ThreadPoolExecutor(max_workers=min(8, len(manifest["shards"]))) as pool:  # I/O and checksums
             loaded = list(pool.map(lambda entry: load_shard(store, manifest, entry), manifest["shards"]))
         return cls([i for i, _ in loaded], [t for _, t in loaded], metric=manifest["metric"], manifest=manifest,
-                   max_workers=max_workers, threads=threads)
+                   max_workers=max_workers, threads=threads, merge=True)
 
     @property
     def version(self) -> str | None:
@@ -283,6 +341,10 @@ class ShardedIndex:
         self.faiss_threads = [t for _, _, t in results]
         larger_is_better = self.metric == "ip"
         scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k, larger_is_better)
+        if self.merged:  # global rows back to (shard, row)
+            found = rows >= 0
+            shards = np.where(found, np.searchsorted(self.row_offsets, rows, side="right") - 1, -1)
+            rows = np.where(found, rows - self.row_offsets[np.maximum(shards, 0)], -1)
         return (scores if larger_is_better else -scores), shards, rows
 
     def _rank_lists(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -290,7 +352,7 @@ class ShardedIndex:
         (None without a shared quantizer); it runs on every core this index may use."""
         if self.coarse is None:
             return None
-        nprobe = max(min(faiss.downcast_index(index).nprobe, self.coarse.ntotal) for index in self.shards)
+        nprobe = max(min(faiss.extract_index_ivf(index).nprobe, self.coarse.ntotal) for index in self.shards)
         with omp_threads(batch_threads(len(x), self.workers * self.threads_per_search)):
             return self.coarse.search(x, nprobe)
 

@@ -71,8 +71,8 @@ class IndexRetriever(VersionRetriever):
     """A published index version plus the exact vectors of its passages."""
 
     def __init__(self, index: ShardedIndex, vectors: list[np.ndarray]) -> None:
-        if len(vectors) != len(index.shards):
-            raise RetrieverError(f"{len(vectors)} vector shards for {len(index.shards)} index shards")
+        if len(vectors) != index.num_shards:
+            raise RetrieverError(f"{len(vectors)} vector shards for {index.num_shards} index shards")
         self.index = index
         self.vectors = vectors  # [shard] -> float32 [n_s, dim]
 

@@ -76,8 +76,13 @@ def test_choose_factory_across_sizes_and_budgets() -> None:
 def test_auto_for_a_sharded_version_sizes_ivf_lists_for_the_whole() -> None:
     n, d = 200_000, 384
     config = IndexConfig()
-    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "HNSW32"  # no budget: the graph still
+    # no budget: fast-scan lists for the whole, which shards loaded together search as one index
+    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF512,PQ192x4fs,RFlat"  # sqrt(200k) lists
+    assert config.resolve_factory(n, d) == "HNSW32"  # one shard: the paper's graph
     assert config.resolve_factory(2_000, d, total_vectors=8_000, shards=4) == "Flat"  # small: exact
+    fits_no_graph = IndexConfig(memory_budget_bytes=n * (4 * d + 200))  # raw vectors and codes, not HNSW32's links
+    assert fits_no_graph.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF512,PQ192x4fs,RFlat"
+    assert fits_no_graph.resolve_factory(n, d) == "HNSW32_SQ8"
     tight = IndexConfig(memory_budget_bytes=n * 500)
     assert tight.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF2048,SQ8"  # together: 4*sqrt(200k)
     assert tight.resolve_factory(50_000, d, total_vectors=n) == "IVF1024,SQ8"  # trained apart: 4*sqrt(50k)
@@ -127,6 +132,7 @@ def test_ivf_lists_are_powers_of_two_with_enough_training_points() -> None:
 def test_resolve_factory_keeps_explicit_strings() -> None:
     assert IndexConfig(factory="IVF64,Flat").resolve_factory(10**6, 64) == "IVF64,Flat"
     assert IndexConfig().resolve_factory(20_000, 64) == "HNSW32"
+    # a shard of a large index trained on its own: no shared lists to search as one, so the graph
     assert IndexConfig().resolve_factory(5_000, 64, total_vectors=400_000) == "HNSW32"
 
 

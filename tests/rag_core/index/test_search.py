@@ -12,6 +12,7 @@ import pytest
 
 import rag_core.index.versions as index_versions
 from rag_core.index.faiss_index import (
+    REFINE_K_FACTOR,
     IndexConfig,
     build_shard_index,
     build_tuned_shard,
@@ -217,10 +218,43 @@ def test_a_version_of_shards_trained_together_round_trips(tmp_path: Path, corpus
     manifest = read_index_manifest(store, version)
     assert {e.meta["coarse_sha256"] for e in manifest.shards} == {coarse_fingerprint(whole)}
     loaded = ShardedIndex.load(store, version)
-    assert loaded.coarse is not None
-    assert [faiss.downcast_index(i).nprobe for i in loaded.shards] == [r["search"]["nprobe"] for r in reports]
+    assert loaded.merged and len(loaded.shards) == 1 and loaded.num_shards == len(SIZES) == len(manifest.shards)
+    assert loaded.ntotal == sum(SIZES)
+    assert {faiss.extract_index_ivf(loaded.shards[0]).nprobe} == {r["search"]["nprobe"] for r in reports}
     in_memory = ShardedIndex(shards, [table.slice(a, n) for a, n in zip(bounds, SIZES)])
+    assert in_memory.coarse is not None and not in_memory.merged  # handed in, not owned: searched shard by shard
     assert loaded.search(queries, 10) == in_memory.search(queries, 10)
+
+
+def test_fast_scan_shards_trained_together_search_as_their_one_index(corpus) -> None:
+    """auto's factory for a sharded version: 4-bit PQ lists re-ranked on the raw vectors, trained once."""
+    base, queries, table = corpus
+    config = IndexConfig(factory="IVF32,PQ32x4fs,RFlat", tune_queries=100)
+    trained = train_index(base[:4_000], config)
+    assert faiss.downcast_index(trained.index).k_factor == REFINE_K_FACTOR  # saved with it: every shard re-ranks 4k
+    bounds = np.cumsum([0, *SIZES])
+    shards = [build_tuned_shard(base[a:b], config, shard_id=s, trained=trained)[0]
+              for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    whole = faiss.clone_index(trained.index)
+    whole.add(base[:4_000])
+    want_scores, want = whole.search(queries, 10)
+    tables = [table.slice(a, n) for a, n in zip(bounds, SIZES)]
+
+    apart = ShardedIndex(shards, tables)  # shard by shard: each re-ranks its own best 40
+    scores, shard, rows = apart.search_rows(queries, 10)
+    assert apart.coarse is not None
+    # each shard's 40 candidates include its share of the one index's 40: never a worse top-10
+    assert (scores >= want_scores - 1e-5).all()
+    exact = np.sort(base[:4_000] @ queries.T, axis=0)[::-1][:10].T
+    assert (scores <= exact + 1e-5).all()  # re-ranked on the raw vectors: true inner products
+
+    merged = ShardedIndex([faiss.clone_index(i) for i in shards], tables, merge=True)
+    scores, shard, rows = merged.search_rows(queries, 10)
+    assert merged.merged and merged.num_shards == 4 and merged.ntotal == 4_000
+    assert np.array_equal(np.where(rows >= 0, bounds[:-1][shard] + rows, -1), want)  # the one index's rows
+    assert np.allclose(scores, want_scores, atol=1e-5)
+    hit = merged.search(queries[:1], 10)[0][0]  # rows map back to their shard's passages
+    assert hit.passage_id == f"passage-{want[0, 0]}" and hit.shard == int(np.searchsorted(bounds, want[0, 0], "right") - 1)
 
 
 # -- threads --------------------------------------------------------------------

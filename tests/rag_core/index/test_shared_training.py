@@ -49,7 +49,7 @@ def test_a_built_version_searches_its_shards_as_one_index(wiki: Path, tmp_path: 
     assert trained.ntotal == 0 and {e.meta["coarse_sha256"] for e in manifest.shards} == {coarse_fingerprint(trained)}
     assert {e.meta["search"]["nprobe"] for e in manifest.shards} == {faiss.downcast_index(trained).nprobe}
     loaded = ShardedIndex.load(store, version)
-    assert loaded.coarse is not None
+    assert loaded.merged and loaded.num_shards == 3  # the shards' lists moved into one index on load
 
     vectors = np.concatenate([read_ref(store, e.embeddings)[1] for e in manifest.shards])
     whole = faiss.clone_index(trained)
