@@ -28,10 +28,12 @@ One run measures, on the same vectors, queries and cores:
   cheapest common setting reaching recall 0.95 on the questions (equal
   recall), in three thread layouts, whole batches and one query per call;
 * above 10,000 passages, IVF shards trained together: ``--together-factory``
-  trained once (``train_index``) on a sample of all vectors, one index
-  and ``--shards`` shards filling copies of it (one coarse quantizer), at the
-  cheapest common nprobe reaching recall 0.95 on the questions, against the
-  one index above at its own equal-recall setting; and ``DaskShardedIndex``
+  (default: ``auto``'s pick for a version of ``--shards`` shards) trained once
+  (``train_index``) on a sample of all vectors, one index and ``--shards``
+  shards filling copies of it (one coarse quantizer), at the cheapest common
+  nprobe reaching recall 0.95 on the questions, loaded as ``ShardedIndex.load``
+  holds a version (lists merged into one index) and searched shard by shard,
+  against the one index above at its own equal-recall setting; and ``DaskShardedIndex``
   over those shards on 1 against 2 one-thread LocalCluster workers (``--no-dask``
   skips it);
 * on the recombined corpus also: the setting tuning picks at several query
@@ -386,11 +388,13 @@ def measure_corpus(name: str, npy: Path, pool: np.ndarray, sets: np.ndarray, arg
 
 def measure_together(result: CorpusResult, xb: np.ndarray, truth: Truth, offsets: np.ndarray, best: Searcher,
                      args) -> None:
-    """IVF shards trained together (``train_index`` once; ``--together-factory``, default
-    ``IVF{4*sqrt(n)}_HNSW32,Flat``) against one index filled from the same trained index, and against ``best``
-    (auto's one index at equal recall): equal-recall QPS."""
+    """IVF shards trained together (``train_index`` once; ``--together-factory``, default what ``auto``
+    picks for a version of ``--shards`` shards) against one index filled from the same trained index, and
+    against ``best`` (auto's one index at equal recall): equal-recall QPS. Layouts: loaded (the shards' lists
+    merged into one index, as ``ShardedIndex.load`` holds a version), shard by shard (one coarse search, each
+    shard scanning its part: shards handed in, or held by Dask workers), and the same one shard at a time."""
     config, n = IndexConfig(), len(xb)
-    factory = args.together_factory or f"IVF{ivf_lists(n)}_HNSW32,Flat"
+    factory = args.together_factory or config.resolve_factory(n, xb.shape[1], total_vectors=n, shards=args.shards)
     t0 = time.perf_counter()
     trained = train_index(xb, config, factory, total_vectors=n, shards=args.shards)
     train_s = time.perf_counter() - t0
@@ -406,23 +410,26 @@ def measure_together(result: CorpusResult, xb: np.ndarray, truth: Truth, offsets
         f"{', '.join(f'{t:.1f}' for *_, t in built)} s; stored nprobe {whole_report['search']} / "
         f"{[r['search'] for _, r, _ in built]}")
     one = one_index("IVF, one index", whole)
-    layouts = [sharded("IVF shards", shards, offsets), sharded("IVF shards, sequential", shards, offsets,
-                                                                max_workers=1)]
+    layouts = [sharded("IVF shards, loaded", [faiss.clone_index(i) for i in shards], offsets, merge=True),
+               sharded("IVF shards", shards, offsets),
+               sharded("IVF shards, sequential", shards, offsets, max_workers=1)]
     ladder = search_ladder(whole)[1]
     nprobe, recall_one = cheapest(one, truth, ladder)
     for s in layouts:
         s.set_param(nprobe)
     recalls = {s.label: truth.recall(s.search(truth.xq)) for s in [one, *layouts]}
     qps = rounds([best, one, *layouts], truth.xq, args.repeats)
-    result.together = {"factory": trained.factory, "nprobe": nprobe, "recall": recalls, "qps": qps,
+    auto = trained.factory == config.resolve_factory(n, xb.shape[1], total_vectors=n, shards=args.shards)
+    result.together = {"factory": trained.factory, "auto": auto, "nprobe": nprobe, "recall": recalls, "qps": qps,
                        "best": best.label, "layouts": {s.label: s.layout for s in layouts},
                        "stored": [whole_report["search"].get("nprobe"), *[r["search"].get("nprobe") for _, r, _ in
                                                                           built]],
                        "seconds": {"train": train_s, "whole": whole_s, "shards": [t for *_, t in built]},
                        "indexes": shards}
-    log(f"  nprobe {nprobe}: recall {recalls}; shards / one IVF "
-        f"{np.median(ratios(qps['IVF shards']['batch'], qps[one.label]['batch'])):.2f}, / {best.label} "
-        f"{np.median(ratios(qps['IVF shards']['batch'], qps[best.label]['batch'])):.2f}")
+    for label in ("IVF shards, loaded", "IVF shards"):
+        log(f"  nprobe {nprobe}: recall {recalls}; {label} / one IVF "
+            f"{np.median(ratios(qps[label]['batch'], qps[one.label]['batch'])):.2f}, / {best.label} "
+            f"{np.median(ratios(qps[label]['batch'], qps[best.label]['batch'])):.2f}")
 
 
 def measure_dask(shards: list[faiss.Index], offsets: np.ndarray, dim: int, xq: np.ndarray, args,
@@ -784,21 +791,29 @@ def goals(results: list[CorpusResult]) -> list[str]:
         for mode, what in (("batch", "whole batches"), ("single", "one query per call")):
             ratio = float(np.median(ratios(r.qps[label][mode], r.qps[one][mode])))
             equal = r.recall[label] >= min(TARGET, r.recall[one])
-            out.append(f"- {mark(equal and ratio >= GOAL_SHARDED)}: {r.name}: {len(r.shards)} shards "
+            status = "reference" if r.together else mark(equal and ratio >= GOAL_SHARDED)  # auto's are below
+            out.append(f"- {status}: {r.name}: {len(r.shards)} `{r.factory}` shards built apart "
                        f"(`ShardedIndex` default layout, {r.layouts[label]}), {what}: {ratio:.2f}x one index's QPS "
                        f"(median) at recall@10 {r.recall[label]:.3f} vs {r.recall[one]:.3f}; goal >= "
                        f"{GOAL_SHARDED:g}x at equal recall")
         if r.together:
             t, q = r.together, r.together["qps"]
-            for ref, what in (("IVF, one index", f"one `{t['factory']}` index"), (t["best"], f"`{r.factory}`, "
-                                                                                    "auto's one index")):
-                ratio = float(np.median(ratios(q["IVF shards"]["batch"], q[ref]["batch"])))
-                rec = t["recall"].get(ref, r.recall.get(ref, 1.0))
-                equal = t["recall"]["IVF shards"] >= min(TARGET, rec)
-                out.append(f"- {mark(equal and ratio >= GOAL_SHARDED)}: {r.name}: {len(r.shards)} IVF shards trained "
-                           f"together (`{t['factory']}`, {t['layouts']['IVF shards']}), "
-                           f"whole batches: {ratio:.2f}x {what}'s QPS (median) at recall@10 "
-                           f"{t['recall']['IVF shards']:.3f} vs {rec:.3f}; goal >= {GOAL_SHARDED:g}x at equal recall")
+            auto = t["auto"]
+            for layout, how in (("IVF shards, loaded", "loaded as a version is (merged)"),
+                                ("IVF shards", "searched shard by shard")):
+                for ref, what in ((t["best"], f"`{r.factory}`, auto's one index"),
+                                  ("IVF, one index", f"one `{t['factory']}` index")):
+                    for mode, calls in (("batch", "whole batches"), ("single", "one query per call")):
+                        ratio = float(np.median(ratios(q[layout][mode], q[ref][mode])))
+                        rec = t["recall"].get(ref, r.recall.get(ref, 1.0))
+                        equal = t["recall"][layout] >= min(TARGET, rec)
+                        status = mark(equal and ratio >= GOAL_SHARDED) if auto and layout.endswith("loaded") \
+                            else "reference"
+                        out.append(f"- {status}: {r.name}: {len(r.shards)} shards trained together "
+                                   f"(`{t['factory']}`{', auto for a sharded version' if auto else ''}), {how} "
+                                   f"({t['layouts'][layout]}), {calls}: {ratio:.2f}x {what}'s QPS (median) at "
+                                   f"recall@10 {t['recall'][layout]:.3f} vs {rec:.3f}; goal >= {GOAL_SHARDED:g}x "
+                                   "at equal recall")
         if r.dask:
             one, two = (d["qps"] for d in r.dask)
             ratio = float(np.median(ratios(two, one)))
@@ -840,7 +855,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, help="only the first ROWS passages of the corpus: its chunks encoded so far "
                    "by make_corpus.py are enough")
     p.add_argument("--together-factory", help="IVF factory of the shards trained together "
-                   "(default IVF{4*sqrt(n)}_HNSW32,Flat)")
+                   "(default: what auto picks for a version of --shards shards)")
     p.add_argument("--skip-sample", action="store_true", help="measure the recombined corpus only")
     p.add_argument("--no-dask", dest="dask", action="store_false",
                    help="skip DaskShardedIndex on 1 against 2 LocalCluster workers")
