@@ -35,6 +35,7 @@ from tasks.index import (
     plan_index,
     publish_index,
     summarize_index,
+    train_index_version,
     unchanged_latest,
 )
 from tasks.index_events import announce_published
@@ -90,6 +91,7 @@ def index_rebuild(
         embedded = embedding_runs.result()
         embed_gates = enforce_index_gate(target, plan, "embeddings", gate_embeddings(plan, embedded))
 
+        train_index_version(target, plan)  # before any shard is built: each fills a copy of what it trains
         index_runs = build_index_shard.map(unmapped(target), unmapped(plan), shard_ids)
         wait_for_shards(index_runs)
         built = index_runs.result()

@@ -22,6 +22,7 @@ from rag_core.index.build import (
     embed_plan_shard,
     mean_recall,
     publish_plan,
+    train_plan_index,
 )
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
@@ -86,6 +87,18 @@ def embed_passages(store: Store, plan: IndexPlan, shard_id: int) -> EmbeddedShar
         how = f"{record['encoded']:,} encoded ({rate:,.0f}/s), {record['reused']:,} reused"
     get_run_logger().info("embeddings %d/%d: %s passages, %s", shard_id + 1, plan.num_shards, f"{shard.expected:,}", how)
     return shard
+
+
+@io_task
+def train_index_version(store: Store, plan: IndexPlan) -> str | None:
+    """Train the version's index once for all its shards (IVF lists, PQ codes), when its factory is trained;
+    the shards then share one coarse quantizer and a search loads them as one index."""
+    started = time.perf_counter()
+    factory = train_plan_index(store, plan)
+    if factory is not None:
+        get_run_logger().info("trained %s once for %d shards (%.1f s)", factory, plan.num_shards,
+                              time.perf_counter() - started)
+    return factory
 
 
 @io_task

@@ -55,7 +55,6 @@ MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means cent
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code costs little to scan, a list to visit much (docs/benchmarks.md)
-FAST_SCAN_MIN_TRAIN = 1_000  # 4-bit PQ trains 16 centroids per sub-quantiser; fewer rows give poor codes
 REFINE_K_FACTOR = 4  # a refined index re-ranks 4k fast-scan candidates exactly (docs/benchmarks.md)
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
@@ -147,16 +146,15 @@ def choose_factory(
     A version of ``shards`` > 1 is trained together (:func:`train_index`): its
     IVF tiers size their lists for the whole index (the shards share one coarse
     quantizer and, searched together, cost what one such index costs), and the
-    per-shard fixed costs count once per shard. Above Flat's size such a
-    version first tries
+    per-shard fixed costs count once per shard.
 
-    0. ``IVF{k},PQ{d/2}x4fs,RFlat`` (4d + d/4 + 8): 4-bit PQ codes scanned
-       with SIMD, the best REFINE_K_FACTOR x k candidates re-ranked on the raw
-       vectors; k ~ sqrt(n) lists, a quarter of the IVF SQ8 tier's: scanning
-       a 4-bit code is cheap, visiting a list is not. HNSW32 shards each cost
-       nearly a whole graph walk, so 4 of them search at half one HNSW32's QPS
-       or less; these shards, loaded together, are one index
-       (docs/benchmarks.md, "4 IVF shards trained together against one index").
+    Not in the order yet: :func:`fast_scan_factory` (4-bit PQ lists re-ranked
+    on the raw vectors), whose shards trained together load as one index at
+    1.7x one HNSW32's batch QPS on MiniLM vectors (docs/benchmarks.md,
+    "4 IVF shards trained together against one index"). Its recall at
+    REFINE_K_FACTOR depends on the encoder: a random 32-d test encoder's
+    version failed the recall gate at 0.44, so auto waits for a re-rank depth
+    tuned per version. Ask for it with ``--factory``.
 
     Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
     The recall target is a prior, not a guarantee: the recall gate measures it.
@@ -174,9 +172,6 @@ def choose_factory(
     if (n_vectors <= FLAT_MAX_VECTORS or recall_target >= EXACT_RECALL) and fits(4 * dim):
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
-    fast_lists = ivf_lists(shard_n, train_n, per_sqrt=FAST_SCAN_LISTS_PER_SQRT)
-    if shards > 1 and train_n >= FAST_SCAN_MIN_TRAIN and fits(fast_scan_bytes(dim), 4 * dim * (fast_lists + 8)):
-        return fast_scan_factory(fast_lists, dim)
     if fits(4 * dim + graph):
         return f"HNSW{HNSW_M}"
     if fits(dim + graph, 8 * dim):

@@ -19,8 +19,10 @@ from flows.index_rebuild import index_rebuild
 from rag_core.errors import GateError
 from rag_core.index.embedding_files import EmbedConfig, range_record, read_ref
 from rag_core.index.encoders import Encoder, EncoderConfig
-from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.build import TRAINED
+from rag_core.index.faiss_index import IndexConfig, coarse_fingerprint, deserialize_index, set_search_params
 from rag_core.index.search import ShardedIndex
+from rag_core.index.version_names import INDEXES_DIR
 from rag_core.index.versions import latest_version, list_versions, read_index_manifest, read_manifest
 from rag_core.storage import Store
 from rag_core.wiki.dumps import DumpSource, iter_pages
@@ -116,6 +118,31 @@ def test_rebuild_publishes_a_version_whose_search_equals_exact_search(
     assert [[h.passage_id for h in q] for q in hits] == [[ids[i] for i in row] for row in exact]
     by_id = dict(zip(passages["passage_id"].to_pylist(), passages["title"].to_pylist()))
     assert all(h.title == by_id[h.passage_id] for q in hits for h in q)
+
+
+def test_a_sharded_ivf_version_is_trained_once_and_its_shards_load_as_one_index(
+        articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
+    dump, index = write_dump(tmp_path, page_rows(articles))
+    store_url = str(home / "store")
+    version = rebuild(cluster, dump, index, store_url, tiny, factory="IVF4,Flat", tune_queries=50)
+
+    store = Store(store_url)
+    manifest = read_index_manifest(store, version)
+    trained = deserialize_index(store.read_bytes(INDEXES_DIR, version, TRAINED))  # the flow trained it, once
+    assert trained.ntotal == 0 and len(manifest.shards) == 3
+    assert {e.meta["coarse_sha256"] for e in manifest.shards} == {coarse_fingerprint(trained)}
+    loaded = ShardedIndex.load(store, version)
+    assert loaded.merged and loaded.num_shards == 3
+
+    ids, vectors = _all_vectors(store, version)
+    whole = trained  # one index over every stored vector, filled from the same trained index
+    whole.add(vectors)
+    set_search_params(whole, nprobe=2)
+    loaded.set_search_params(nprobe=2)
+    queries = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32")).encode_questions(QUESTIONS)
+    _, want = whole.search(queries, 5)
+    hits = loaded.search(queries, 5)
+    assert [[h.passage_id for h in q] for q in hits] == [[ids[i] for i in row if i >= 0] for row in want]
 
 
 def test_the_command_loads_its_encoder_before_the_flow_and_the_plan_uses_that_one(

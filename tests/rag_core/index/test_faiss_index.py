@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rag_core.index.faiss_index import (
+    FAST_SCAN_LISTS_PER_SQRT,
     IndexBuildError,
     IndexConfig,
     build_shard_index,
@@ -21,6 +22,8 @@ from rag_core.index.faiss_index import (
     choose_factory,
     coarse_fingerprint,
     deserialize_index,
+    fast_scan_bytes,
+    fast_scan_factory,
     ivf_lists,
     needs_training,
     serialize_index,
@@ -76,13 +79,10 @@ def test_choose_factory_across_sizes_and_budgets() -> None:
 def test_auto_for_a_sharded_version_sizes_ivf_lists_for_the_whole() -> None:
     n, d = 200_000, 384
     config = IndexConfig()
-    # no budget: fast-scan lists for the whole, which shards loaded together search as one index
-    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF512,PQ192x4fs,RFlat"  # sqrt(200k) lists
-    assert config.resolve_factory(n, d) == "HNSW32"  # one shard: the paper's graph
+    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "HNSW32"  # no budget: the graph still
     assert config.resolve_factory(2_000, d, total_vectors=8_000, shards=4) == "Flat"  # small: exact
-    fits_no_graph = IndexConfig(memory_budget_bytes=n * (4 * d + 200))  # raw vectors and codes, not HNSW32's links
-    assert fits_no_graph.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF512,PQ192x4fs,RFlat"
-    assert fits_no_graph.resolve_factory(n, d) == "HNSW32_SQ8"
+    assert fast_scan_factory(ivf_lists(n, per_sqrt=FAST_SCAN_LISTS_PER_SQRT), d) == "IVF512,PQ192x4fs,RFlat"
+    assert fast_scan_bytes(d) == 192 / 2 + 4 * d + 8 and fast_scan_factory(64, 33) == "IVF64,PQ33x4fs,RFlat"
     tight = IndexConfig(memory_budget_bytes=n * 500)
     assert tight.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF2048,SQ8"  # together: 4*sqrt(200k)
     assert tight.resolve_factory(50_000, d, total_vectors=n) == "IVF1024,SQ8"  # trained apart: 4*sqrt(50k)
@@ -132,7 +132,6 @@ def test_ivf_lists_are_powers_of_two_with_enough_training_points() -> None:
 def test_resolve_factory_keeps_explicit_strings() -> None:
     assert IndexConfig(factory="IVF64,Flat").resolve_factory(10**6, 64) == "IVF64,Flat"
     assert IndexConfig().resolve_factory(20_000, 64) == "HNSW32"
-    # a shard of a large index trained on its own: no shared lists to search as one, so the graph
     assert IndexConfig().resolve_factory(5_000, 64, total_vectors=400_000) == "HNSW32"
 
 
