@@ -54,8 +54,8 @@ IVF_ID_BYTES = 8  # an int64 id per vector in an inverted list
 MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means centroid
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
-FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code costs little to scan, a list to visit much (docs/benchmarks.md)
-REFINE_K_FACTOR = 4  # a refined index re-ranks 4k fast-scan candidates exactly (docs/benchmarks.md)
+FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code is cheap to scan, a list dear to visit; index_bench runs 512 at 200k
+REFINE_K_FACTOR = 4  # a refined index re-ranks 4k fast-scan candidates exactly; index_bench measures this depth
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
 
@@ -150,7 +150,7 @@ def choose_factory(
 
     Not in the order yet: :func:`fast_scan_factory` (4-bit PQ lists re-ranked
     on the raw vectors), whose shards trained together load as one index at
-    1.7x one HNSW32's batch QPS on MiniLM vectors (docs/benchmarks.md,
+    1.65x one HNSW32's batch QPS on MiniLM vectors (docs/benchmarks.md,
     "4 IVF shards trained together against one index"). Its recall at
     REFINE_K_FACTOR depends on the encoder: a random 32-d test encoder's
     version failed the recall gate at 0.44, so auto waits for a re-rank depth
