@@ -38,6 +38,7 @@ from rag_core.index.tuning import (  # noqa: F401  (set_search_params, heldout_r
     apply_search_setting,
     heldout_recall,
     hnsw_of,
+    refine_of,
     search_ladder,
     set_search_params,
     tune_search,
@@ -55,7 +56,7 @@ MIN_TRAIN_PER_LIST = 39  # FAISS warns below 39 training points per k-means cent
 PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest (most accurate) first
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code is cheap to scan, a list dear to visit; index_bench runs 512 at 200k
-REFINE_K_FACTOR = 4  # a refined index re-ranks 4k fast-scan candidates exactly; index_bench measures this depth
+FAST_SCAN_MIN_TRAIN = 1_000  # 4-bit PQ trains 16 centroids per sub-quantiser; fewer rows give poor codes
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
 
@@ -146,15 +147,18 @@ def choose_factory(
     A version of ``shards`` > 1 is trained together (:func:`train_index`): its
     IVF tiers size their lists for the whole index (the shards share one coarse
     quantizer and, searched together, cost what one such index costs), and the
-    per-shard fixed costs count once per shard.
+    per-shard fixed costs count once per shard. Above Flat's size such a
+    version first tries
 
-    Not in the order yet: :func:`fast_scan_factory` (4-bit PQ lists re-ranked
-    on the raw vectors), whose shards trained together load as one index at
-    1.65x one HNSW32's batch QPS on MiniLM vectors (docs/benchmarks.md,
-    "4 IVF shards trained together against one index"). Its recall at
-    REFINE_K_FACTOR depends on the encoder: a random 32-d test encoder's
-    version failed the recall gate at 0.44, so auto waits for a re-rank depth
-    tuned per version. Ask for it with ``--factory``.
+    0. :func:`fast_scan_factory`, ``IVF{k},PQ{d/2}x4fs,RFlat`` (4d + d/4 + 8):
+       4-bit codes of two dimensions scanned with SIMD, the best candidates
+       re-ranked on the raw vectors, k ~ sqrt(n) lists (scanning a 4-bit code
+       is cheap, visiting a list is not). HNSW32 shards each cost nearly a
+       whole graph walk, so 4 of them search at half one HNSW32's QPS; these
+       shards, loaded together, are one index (docs/benchmarks.md, "4 IVF
+       shards trained together against one index"). How many candidates to
+       re-rank depends on the encoder, so tuning sets that depth with nprobe
+       (:func:`rag_core.index.tuning.tune_depth`).
 
     Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
     The recall target is a prior, not a guarantee: the recall gate measures it.
@@ -172,6 +176,9 @@ def choose_factory(
     if (n_vectors <= FLAT_MAX_VECTORS or recall_target >= EXACT_RECALL) and fits(4 * dim):
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
+    fast_lists = ivf_lists(shard_n, train_n, per_sqrt=FAST_SCAN_LISTS_PER_SQRT)
+    if shards > 1 and train_n >= FAST_SCAN_MIN_TRAIN and fits(fast_scan_bytes(dim), 4 * dim * (fast_lists + 8)):
+        return fast_scan_factory(fast_lists, dim)
     if fits(4 * dim + graph):
         return f"HNSW{HNSW_M}"
     if fits(dim + graph, 8 * dim):
@@ -266,13 +273,14 @@ def build_tuned_shard(
         return index, {"factory": factory}
     rows, queries = shard_tuning_queries(x, config, shard_id)
     coarse = coarse_fingerprint(index)
-    nprobe = config.nprobe
-    if trained is not None and coarse is not None:  # the version's nprobe, measured here, not tuned
+    nprobe, k_factor = config.nprobe, None
+    if trained is not None and coarse is not None:  # the version's nprobe and depth, measured here, not tuned
         nprobe = nprobe or faiss.extract_index_ivf(trained.index).nprobe
+        k_factor = int(refine_of(trained.index).k_factor) if refine_of(trained.index) is not None else None
     shared = {"coarse_sha256": coarse} if trained is not None and coarse else {}
     report = {"factory": factory, **shared, **tune_search(index, x, rows, queries, recall_target=config.recall_target,
                                                           metric=config.metric, ef_search=config.ef_search,
-                                                          nprobe=nprobe)}
+                                                          nprobe=nprobe, k_factor=k_factor)}
     if hnsw is not None:
         report["ef_construction"] = int(hnsw.efConstruction)
     return index, report
@@ -311,9 +319,6 @@ def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = N
             f"FAISS does not understand the factory string {factory!r} ({_faiss_message(exc)}); "
             "use e.g. Flat, HNSW32, IVF1024,SQ8, OPQ48,IVF1024,PQ48 or auto"
         ) from exc
-    refine = faiss.downcast_index(index)
-    if isinstance(refine, faiss.IndexRefine):  # saved with the index, so every copy re-ranks as many
-        refine.k_factor = REFINE_K_FACTOR
     if not index.is_trained:
         if n > config.train_sample:
             rows = np.random.default_rng(config.seed).choice(n, config.train_sample, replace=False)

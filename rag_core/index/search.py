@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from rag_core.errors import WikiragError
 from rag_core.index.faiss_index import METRICS, coarse_fingerprint, coarse_quantizer, deserialize_index, sha256_hex
-from rag_core.index.tuning import apply_search_setting, set_search_params
+from rag_core.index.tuning import apply_search_setting, refine_of, set_search_params
 from rag_core.index.version_names import INDEXES_DIR
 from rag_core.index.versions import CorruptShardError, read_manifest
 from rag_core.parquet_bytes import parquet_to_table
@@ -109,6 +109,9 @@ def merge_trained_together(shards: Sequence[faiss.Index]) -> faiss.Index | None:
     """
     if shared_coarse(shards) is None:
         return None
+    # Shards share the version's setting; should a republished one differ, the deepest search keeps every recall
+    nprobe = max(faiss.extract_index_ivf(shard).nprobe for shard in shards)
+    depths = [refine_of(shard).k_factor for shard in shards if refine_of(shard) is not None]
     merged, offset = shards[0], shards[0].ntotal
     for shard in shards[1:]:
         count = shard.ntotal
@@ -120,6 +123,7 @@ def merge_trained_together(shards: Sequence[faiss.Index]) -> faiss.Index | None:
         else:
             into.merge_from(other, offset)
         offset += count
+    set_search_params(merged, nprobe=nprobe, k_factor_rf=max(depths) if depths else None)
     return merged
 
 
@@ -238,6 +242,16 @@ def merge_topk(
     return top_scores, top_shards, top_rows
 
 
+def single_ranked(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """One index's ``(scores as float64, rows)`` as :func:`merge_topk` would return them, when they are its
+    ranking unchanged: k results per query, none missing and no two scores of a query equal (ties are where
+    the merge's order by row could differ from FAISS's). None otherwise. The merge sorts and gathers, which for one query per
+    call is a large share of the call's time."""
+    if rows.shape[1] != k or (rows < 0).any() or (scores[:, 1:] == scores[:, :-1]).any() or np.isnan(scores).any():
+        return None
+    return scores.astype(np.float64), rows.astype(np.int64, copy=False)
+
+
 class ShardedIndex:
     """The shards of one index version, searched together.
 
@@ -340,7 +354,13 @@ class ShardedIndex:
             results = list(pool.map(one, self.shards))
         self.faiss_threads = [t for _, _, t in results]
         larger_is_better = self.metric == "ip"
-        scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k, larger_is_better)
+        alone = single_ranked(results[0][0], results[0][1], k) if len(results) == 1 else None
+        if alone is not None:  # one index's own ranking already is the merged one: skip the merge's cost
+            scores, rows = alone
+            shards = np.zeros_like(rows)
+        else:
+            scores, shards, rows = merge_topk([d for d, _, _ in results], [i for _, i, _ in results], k,
+                                              larger_is_better)
         if self.merged:  # global rows back to (shard, row)
             found = rows >= 0
             shards = np.where(found, np.searchsorted(self.row_offsets, rows, side="right") - 1, -1)

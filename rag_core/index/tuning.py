@@ -1,4 +1,4 @@
-"""A shard's search setting (HNSW efSearch, IVF nprobe), tuned against exact search when it is built.
+"""A shard's search setting (HNSW efSearch, IVF nprobe, re-rank depth), tuned against exact search when built.
 
 The promise an index makes is recall@10 on *questions*, which lie far from
 the passages they retrieve (an encoded question is much less like its best
@@ -15,6 +15,14 @@ queries asked for the same setting as real questions did
 whose recall@10 reaches the target; it, the recall and the QPS measured are
 stored in the shard's manifest entry and applied by search on load
 (:func:`apply_search_setting`).
+
+A refined index (``...,RFlat``: coarse codes re-ranked on the raw vectors)
+has a second knob, its re-rank depth (FAISS's ``k_factor``: candidates
+re-ranked per result). How coarse the codes are depends on the encoder (a
+4-bit code of 2 dimensions loses little of a MiniLM vector and much of a
+32-d random one), so the depth is tuned too: the cheapest depth whose
+recall, with every list scanned, leaves headroom above the target, then the
+cheapest nprobe at that depth (:func:`tune_depth`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ EF_SEARCH_LADDER = (10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112,
 NPROBE_LADDER = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
                  224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096,
                  5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
+K_FACTOR_LADDER = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # a refined index's candidates per result
+# The depth must leave nprobe room to trade: at a depth whose ceiling just reaches the target, nprobe
+# climbs to every list; half the gap between the target and 1 is left to it.
+DEPTH_HEADROOM = 0.5
 
 
 def _faiss_metric(metric: str) -> int:
@@ -63,6 +75,12 @@ def hnsw_of(index: faiss.Index) -> Any:
     if isinstance(inner, faiss.IndexPreTransform):
         inner = faiss.downcast_index(inner.index)
     return inner.hnsw if isinstance(inner, faiss.IndexHNSW) else None
+
+
+def refine_of(index: faiss.Index) -> Any:
+    """The IndexRefine of a refined index (``...,RFlat``), or None."""
+    inner = faiss.downcast_index(index)
+    return inner if isinstance(inner, faiss.IndexRefine) else None
 
 
 def search_ladder(index: faiss.Index, *, ef_search: int | None = None,
@@ -150,27 +168,75 @@ def heldout_recall(index: faiss.Index, vectors: np.ndarray, query_rows: np.ndarr
     return (valid & (scores >= (kth - tolerance)[:, None])).sum(axis=1) / k
 
 
+def tune_depth(index: faiss.Index, measure: Any, name: str | None, ladder: list[int], *,
+               recall_target: float, k_factor: int | None = None) -> dict[int, float]:
+    """Set a refined index's re-rank depth (``k_factor``); return ``{depth: recall}`` as tried ({} when fixed).
+
+    With the search parameter at its most accurate value (every list), the
+    depths of K_FACTOR_LADDER are tried from the shallowest up; the first whose
+    recall (``measure()``: :func:`tune_search` takes the worse of the tuning
+    queries' and of the same passages searched as they are, because coarse
+    codes can blur close neighbours that a far query does not need) reaches the target plus DEPTH_HEADROOM of the gap to
+    1 wins, so that nprobe, tuned next, finds the target well before every
+    list. A parameter the caller fixed has no room to trade: there the first
+    depth reaching the target wins. Failing both, the first reaching the target,
+    else the deepest tried. The ladder stops where the candidates cover every
+    vector: deeper re-ranks nothing more.
+    """
+    refine = refine_of(index)
+    if refine is None:
+        return {}
+    if k_factor:
+        refine.k_factor = k_factor
+        return {}
+    if name and ladder:
+        set_search_params(index, **{name: ladder[-1]})
+    fixed = len(ladder) <= 1
+    goal = recall_target if fixed else min(1.0, recall_target + DEPTH_HEADROOM * (1.0 - recall_target))
+    tried: dict[int, float] = {}
+    for depth in K_FACTOR_LADDER:
+        refine.k_factor = depth
+        tried[depth] = measure()
+        if tried[depth] >= goal or (RECALL_K + 1) * depth >= index.ntotal:
+            break
+    refine.k_factor = next((d for d in tried if tried[d] >= goal), None) or \
+        next((d for d in tried if tried[d] >= recall_target), None) or max(tried, key=tried.get)
+    return tried
+
+
 def tune_search(index: faiss.Index, vectors: np.ndarray, rows: np.ndarray, queries: np.ndarray, *,
                 recall_target: float, metric: str = "ip", ef_search: int | None = None,
-                nprobe: int | None = None) -> dict[str, Any]:
+                nprobe: int | None = None, k_factor: int | None = None) -> dict[str, Any]:
     """Set the cheapest efSearch / nprobe whose recall@10 on ``queries`` reaches ``recall_target``; report it.
 
     ``vectors`` are the ones ``index`` holds; ``rows``/``queries`` come from
     :func:`tuning_queries`. The ladder (:func:`search_ladder`) is walked from
     the cheapest value up and stops at the first that reaches the target; when
     none does, the most accurate value is kept and the report's recall says by
-    how much it falls short (a recall gate then refuses the shard). A value the
-    caller fixes is measured, not tuned. Returns ``{"search": {name: value},
-    "recall_at_10", "recall_target", "qps", "queries", "threads", "tried":
-    {value: recall}}``; ``qps`` is one batch of the queries at that setting
+    how much it falls short (a recall gate then refuses the shard). A refined
+    index first gets its re-rank depth (:func:`tune_depth`). A value the
+    caller fixes is measured, not tuned. Returns ``{"search": {name: value,
+    "k_factor_rf": depth}, "recall_at_10", "recall_target", "qps", "queries",
+    "threads", "tried": {value: recall}}`` (and ``"tried_depth"`` when the
+    depth was tuned); ``qps`` is one batch of the queries at that setting
     with the calling thread's FAISS threads: a figure of the build machine.
     """
     kth = exact_kth(vectors, rows, RECALL_K, metric, queries)
     name, ladder = search_ladder(index, ef_search=ef_search, nprobe=nprobe)
+
+    def measure() -> float:
+        return float(heldout_recall(index, vectors, rows, RECALL_K, metric, kth=kth, queries=queries).mean())
+
+    def measure_both() -> float:  # the depth must also serve the passages themselves, which a recall gate asks
+        own = heldout_recall(index, vectors, rows, RECALL_K, metric, kth=own_kth).mean()
+        return min(measure(), float(own))
+
+    own_kth = exact_kth(vectors, rows, RECALL_K, metric) if refine_of(index) is not None and not k_factor else None
+    depths = tune_depth(index, measure_both, name, ladder, recall_target=recall_target, k_factor=k_factor)
     tried: dict[int, float] = {}
     for value in ladder:
         set_search_params(index, **{name: value})
-        tried[value] = float(heldout_recall(index, vectors, rows, RECALL_K, metric, kth=kth, queries=queries).mean())
+        tried[value] = measure()
         if tried[value] >= recall_target:
             break
     chosen = None
@@ -179,16 +245,21 @@ def tune_search(index: faiss.Index, vectors: np.ndarray, rows: np.ndarray, queri
         set_search_params(index, **{name: chosen})
         recall = tried[chosen]
     else:
-        recall = float(heldout_recall(index, vectors, rows, RECALL_K, metric, kth=kth, queries=queries).mean())
+        recall = measure()
     started = time.perf_counter()
     index.search(queries, RECALL_K + 1)
     seconds = time.perf_counter() - started
+    search = {name: int(chosen)} if name else {}
+    refine = refine_of(index)
+    if refine is not None:
+        search["k_factor_rf"] = int(refine.k_factor)  # FAISS's ParameterSpace name for IndexRefine's depth
     return {
-        "search": {name: int(chosen)} if name else {},
+        "search": search,
         "recall_at_10": round(recall, 4),
         "recall_target": recall_target,
         "qps": round(len(rows) / max(seconds, 1e-9), 1),
         "queries": len(rows),
         "threads": faiss.omp_get_max_threads(),
         "tried": {str(v): round(r, 4) for v, r in tried.items()},
+        **({"tried_depth": {str(d): round(r, 4) for d, r in depths.items()}} if depths else {}),
     }

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -124,13 +125,18 @@ def test_a_sharded_ivf_version_is_trained_once_and_its_shards_load_as_one_index(
         articles: list, tiny: Path, home: Path, prefect_server: str, cluster: str, tmp_path: Path) -> None:
     dump, index = write_dump(tmp_path, page_rows(articles))
     store_url = str(home / "store")
-    version = rebuild(cluster, dump, index, store_url, tiny, factory="IVF4,Flat", tune_queries=50)
+    # auto's family for a sharded version; the random 32-d encoder's 4-bit codes are coarse, so the recall gate
+    # passes only if the re-rank depth was tuned for them
+    version = rebuild(cluster, dump, index, store_url, tiny, factory="IVF4,PQ16x4fs,RFlat", tune_queries=50)
 
     store = Store(store_url)
     manifest = read_index_manifest(store, version)
     trained = deserialize_index(store.read_bytes(INDEXES_DIR, version, TRAINED))  # the flow trained it, once
     assert trained.ntotal == 0 and len(manifest.shards) == 3
     assert {e.meta["coarse_sha256"] for e in manifest.shards} == {coarse_fingerprint(trained)}
+    depth = faiss.downcast_index(trained).k_factor  # tuned once for the version, kept by every shard
+    assert depth > 4 and {e.meta["search"]["k_factor_rf"] for e in manifest.shards} == {depth}
+    assert manifest.gates["recall: expect_column_mean_to_be_between(recall_at_10)"] >= 0.95
     loaded = ShardedIndex.load(store, version)
     assert loaded.merged and loaded.num_shards == 3
 

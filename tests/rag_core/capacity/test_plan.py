@@ -89,11 +89,12 @@ def test_worker_memory_picks_a_smaller_index_and_more_shards() -> None:
     roomy = predict("d", 1_000_000, 10**10, RATES, Budget(workers=4))
     tight = predict("d", 1_000_000, 10**10, RATES, Budget(workers=4, worker_memory_gb=2.0))
     assert roomy.passages == tight.passages == 20_000_000
-    assert roomy.factory == "HNSW32"  # no memory limit: the paper's index
-    assert tight.factory != "HNSW32" and tight.disk_bytes["index"] < roomy.disk_bytes["index"]
+    # no memory limit: the sharded version's fast-scan lists, searched as one index by whoever holds them
+    assert roomy.factory.startswith("IVF") and roomy.factory.endswith(",PQ192x4fs,RFlat")
+    assert tight.factory != roomy.factory and tight.disk_bytes["index"] < roomy.disk_bytes["index"]
     assert tight.worker_memory_bytes <= 2.0 * GB < roomy.worker_memory_bytes
-    # serving search, each of the 4 workers holds a quarter of the HNSW32 vectors and graph
-    assert roomy.worker_memory_bytes > 20_000_000 * index_bytes_per_vector("HNSW32", 384) / 4
+    # serving search, each of the 4 workers holds a quarter of the codes and raw vectors
+    assert roomy.worker_memory_bytes > 20_000_000 * index_bytes_per_vector(roomy.factory, 384) / 4
     # shards the embedding rule makes too large to build in a worker are split until one fits
     few = EmbedConfig(passages_per_shard=10_000_000)
     assert predict("d", 1_000_000, 10**10, RATES, Budget(workers=4), few).shards == 4  # at least min_shards

@@ -79,8 +79,15 @@ def test_choose_factory_across_sizes_and_budgets() -> None:
 def test_auto_for_a_sharded_version_sizes_ivf_lists_for_the_whole() -> None:
     n, d = 200_000, 384
     config = IndexConfig()
-    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "HNSW32"  # no budget: the graph still
+    # no budget: fast-scan lists for the whole, which shards loaded together search as one index
+    assert config.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF512,PQ192x4fs,RFlat"  # sqrt(200k) lists
+    assert config.resolve_factory(n, d) == "HNSW32"  # one shard: the paper's graph
     assert config.resolve_factory(2_000, d, total_vectors=8_000, shards=4) == "Flat"  # small: exact
+    fits_no_graph = IndexConfig(memory_budget_bytes=n * (4 * d + 200))  # raw vectors and codes, not HNSW32's links
+    assert fits_no_graph.resolve_factory(50_000, d, total_vectors=n, shards=4) == "IVF512,PQ192x4fs,RFlat"
+    assert fits_no_graph.resolve_factory(n, d) == "HNSW32_SQ8"
+    few = IndexConfig(train_sample=900)  # too few rows to train 4-bit codes: the graph
+    assert few.resolve_factory(50_000, d, total_vectors=n, shards=4) == "HNSW32"
     assert fast_scan_factory(ivf_lists(n, per_sqrt=FAST_SCAN_LISTS_PER_SQRT), d) == "IVF512,PQ192x4fs,RFlat"
     assert fast_scan_bytes(d) == 192 / 2 + 4 * d + 8 and fast_scan_factory(64, 33) == "IVF64,PQ33x4fs,RFlat"
     tight = IndexConfig(memory_budget_bytes=n * 500)

@@ -12,7 +12,6 @@ import pytest
 
 import rag_core.index.versions as index_versions
 from rag_core.index.faiss_index import (
-    REFINE_K_FACTOR,
     IndexConfig,
     build_shard_index,
     build_tuned_shard,
@@ -231,19 +230,21 @@ def test_fast_scan_shards_trained_together_search_as_their_one_index(corpus) -> 
     base, queries, table = corpus
     config = IndexConfig(factory="IVF32,PQ32x4fs,RFlat", tune_queries=100)
     trained = train_index(base[:4_000], config)
-    assert faiss.downcast_index(trained.index).k_factor == REFINE_K_FACTOR  # saved with it: every shard re-ranks 4k
+    depth = faiss.downcast_index(trained.index).k_factor  # tuned on the sample, saved with it
     bounds = np.cumsum([0, *SIZES])
-    shards = [build_tuned_shard(base[a:b], config, shard_id=s, trained=trained)[0]
-              for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    built = [build_tuned_shard(base[a:b], config, shard_id=s, trained=trained)
+             for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    shards = [index for index, _ in built]
+    assert {r["search"]["k_factor_rf"] for _, r in built} == {depth}  # every shard re-ranks as deep as the version
     whole = faiss.clone_index(trained.index)
     whole.add(base[:4_000])
     want_scores, want = whole.search(queries, 10)
     tables = [table.slice(a, n) for a, n in zip(bounds, SIZES)]
 
-    apart = ShardedIndex(shards, tables)  # shard by shard: each re-ranks its own best 40
+    apart = ShardedIndex(shards, tables)  # shard by shard: each re-ranks its own best depth x 10
     scores, shard, rows = apart.search_rows(queries, 10)
     assert apart.coarse is not None
-    # each shard's 40 candidates include its share of the one index's 40: never a worse top-10
+    # each shard's candidates include its share of the one index's: never a worse top-10
     assert (scores >= want_scores - 1e-5).all()
     exact = np.sort(base[:4_000] @ queries.T, axis=0)[::-1][:10].T
     assert (scores <= exact + 1e-5).all()  # re-ranked on the raw vectors: true inner products

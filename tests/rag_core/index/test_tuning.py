@@ -15,6 +15,8 @@ from rag_core.index.faiss_index import (
     shard_tuning_queries,
 )
 from rag_core.index.tuning import (
+    DEPTH_HEADROOM,
+    K_FACTOR_LADDER,
     apply_search_setting,
     heldout_recall,
     search_ladder,
@@ -51,6 +53,35 @@ def test_tuning_picks_the_cheapest_setting_that_reaches_the_target(overlapping, 
     if name == "nprobe":  # IVF is deterministic: a rebuild tunes to the same value, saved in the file
         again = deserialize_index(serialize_index(build_shard_index(base, config, shard_id=3)))
         assert faiss.extract_index_ivf(again).nprobe == chosen
+
+
+def test_a_refined_index_tunes_its_rerank_depth_to_how_coarse_its_codes_are(overlapping) -> None:
+    """4-bit codes of 2 dimensions lose much of a 32-d vector: re-ranking 4 candidates per result, every list
+    scanned, misses the target, so tuning goes deeper, then finds the cheapest nprobe at that depth."""
+    base, queries, truth = overlapping
+    config = IndexConfig(factory="IVF64,PQ16x4fs,RFlat", tune_queries=400, seed=2)
+    index, report = build_tuned_shard(base, config, shard_id=3)
+    refine, ivf = faiss.downcast_index(index), faiss.extract_index_ivf(index)
+    depth, nprobe = report["search"]["k_factor_rf"], report["search"]["nprobe"]
+    assert refine.k_factor == depth and ivf.nprobe == nprobe
+    tried = {int(d): r for d, r in report["tried_depth"].items()}
+    goal = config.recall_target + DEPTH_HEADROOM * (1 - config.recall_target)
+    assert list(tried) == list(K_FACTOR_LADDER[:len(tried)]) and depth == list(tried)[-1]  # shallowest first
+    assert tried[depth] >= goal > max(r for d, r in tried.items() if d < depth)  # the first leaving headroom
+    assert tried[4] < config.recall_target and depth > 4  # a fixed depth of 4 could not reach it at all
+    assert nprobe < ivf.nlist and report["recall_at_10"] >= config.recall_target  # nprobe traded the headroom
+    assert recall_at(index.search(queries, 10)[1], truth) >= config.recall_target  # holds on fresh queries
+    again = deserialize_index(serialize_index(index))  # the depth travels with the index ...
+    assert faiss.downcast_index(again).k_factor == depth
+    apply_search_setting(again, {"search": {"nprobe": 3, "k_factor_rf": 2}})  # ... and a manifest's setting wins
+    assert faiss.downcast_index(again).k_factor == 2 and faiss.extract_index_ivf(again).nprobe == 3
+    # a depth and an nprobe the caller fixes are measured, not tuned
+    _, fixed = build_tuned_shard(base, IndexConfig(factory="IVF64,PQ16x4fs,RFlat", nprobe=24, tune_queries=400,
+                                                   seed=2), shard_id=3)
+    assert fixed["search"]["nprobe"] == 24 and list(fixed["tried"]) == ["24"]
+    fixed_tried = {int(d): r for d, r in fixed["tried_depth"].items()}
+    reaching = [d for d, r in fixed_tried.items() if r >= config.recall_target]
+    assert reaching and fixed["search"]["k_factor_rf"] == reaching[0] == list(fixed_tried)[-1]  # no headroom asked
 
 
 def test_queries_moved_away_from_their_passages_ask_for_a_wider_search(overlapping) -> None:
