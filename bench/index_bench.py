@@ -28,7 +28,7 @@ One run measures, on the same vectors, queries and cores:
   cheapest common setting reaching recall 0.95 on the questions (equal
   recall), in three thread layouts, whole batches and one query per call;
 * above 10,000 passages, IVF shards trained together: ``--together-factory``
-  (default: ``fast_scan_factory``, 4-bit PQ lists re-ranked on the raw vectors) trained once
+  (default: ``fast_scan_factory``, auto's for a sharded version) trained once
   (``train_index``) on a sample of all vectors, one index and ``--shards``
   shards filling copies of it (one coarse quantizer), at the cheapest common
   nprobe reaching recall 0.95 on the questions, loaded as ``ShardedIndex.load``
@@ -409,7 +409,7 @@ def measure_together(result: CorpusResult, xb: np.ndarray, truth: Truth, offsets
         built.append((*build_tuned_shard(xb[a:b], config, trained=trained, shard_id=s), time.perf_counter() - t0))
     shards = [i for i, _, _ in built]
     log(f"  trained together: {trained.factory}; training {train_s:.1f} s, whole {whole_s:.1f} s, shards "
-        f"{', '.join(f'{t:.1f}' for *_, t in built)} s; stored nprobe {whole_report['search']} / "
+        f"{', '.join(f'{t:.1f}' for *_, t in built)} s; stored setting {whole_report['search']} / "
         f"{[r['search'] for _, r, _ in built]}")
     one = one_index("IVF, one index", whole)
     layouts = [sharded("IVF shards, loaded", [faiss.clone_index(i) for i in shards], offsets, merge=True),
@@ -422,7 +422,9 @@ def measure_together(result: CorpusResult, xb: np.ndarray, truth: Truth, offsets
     recalls = {s.label: truth.recall(s.search(truth.xq)) for s in [one, *layouts]}
     qps = rounds([best, one, *layouts], truth.xq, args.repeats)
     auto = trained.factory == config.resolve_factory(n, xb.shape[1], total_vectors=n, shards=args.shards)
-    result.together = {"factory": trained.factory, "auto": auto, "nprobe": nprobe, "recall": recalls, "qps": qps,
+    depth = whole_report["search"].get("k_factor_rf")  # the version's, kept by every shard
+    result.together = {"factory": trained.factory, "auto": auto, "nprobe": nprobe, "depth": depth,
+                       "recall": recalls, "qps": qps,
                        "best": best.label, "layouts": {s.label: s.layout for s in layouts},
                        "stored": [whole_report["search"].get("nprobe"), *[r["search"].get("nprobe") for _, r, _ in
                                                                           built]],
@@ -676,10 +678,13 @@ def together_tables(results: list[CorpusResult], args) -> list[str]:
     if not done:
         return []
     out = ["", f"### {args.shards} IVF shards trained together against one index", "",
-           "`train_index` trains the factory once, on a sample of all vectors; the whole "
-           "index and each contiguous shard fill a copy of it, so the shards share one coarse quantizer and "
+           "`train_index` trains the factory once, on a sample of all vectors, and tunes there the "
+           "version's nprobe and, for a refined index, its re-rank depth (`k_factor`); the whole index and each "
+           "contiguous shard fill a copy of it, so the shards share one coarse quantizer. Loaded: as "
+           "`ShardedIndex.load` holds a version, the shards' lists merged into one index. Shard by shard: "
            "`ShardedIndex` ranks the lists once, then each shard scans its part of them. Setting: the cheapest "
-           f"nprobe reaching recall {TARGET} on the questions for the one IVF index, the same for the shards. "
+           f"nprobe reaching recall {TARGET} on the questions for the one IVF index, the same for the shards, at "
+           "the depth stored at build. "
            "x one index: against auto's one index at its own equal-recall setting (the table above) and against "
            "the one IVF index, per round. Build seconds: in this process (training, whole, shards).", "",
            "| corpus | search | layout | setting (stored at build) | recall@10 | QPS, batch | x auto's one index "
@@ -701,7 +706,8 @@ def together_tables(results: list[CorpusResult], args) -> list[str]:
                 what = f"`{t['factory']}`, " + ("one index" if label == "IVF, one index" else label.lower()[4:])
                 layout = t["layouts"].get(label, "-")
                 stored = t["stored"][:1] if label == "IVF, one index" else sorted(set(t["stored"][1:]))
-                value = f"nprobe {t['nprobe']} ({'/'.join(map(str, stored))})"
+                depth = f", depth {t['depth']}" if t.get("depth") else ""
+                value = f"nprobe {t['nprobe']} ({'/'.join(map(str, stored))}){depth}"
                 rec = t["recall"][label]
             out.append(f"| {r.name} | {what} | {layout} | {value} | {rec:.3f} | {cells} | {best} | {ivf} | {single} "
                        f"| {ivf1} |")

@@ -22,10 +22,11 @@ from rag_core.index.build import (
     embed_plan_shard,
     mean_recall,
     publish_plan,
+    shared_factory,
     train_plan_index,
 )
 from rag_core.index.embedding_files import EmbedConfig
-from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.faiss_index import AUTO_MAX_DEPTH, IndexConfig
 from rag_core.index.plan import GateConfig, IndexPlan, describe_plan, dump_id_of, plan_version
 from rag_core.index.versions import PublishedVersion
 from rag_core.progress import StageProgress
@@ -96,8 +97,11 @@ def train_index_version(store: Store, plan: IndexPlan) -> str | None:
     started = time.perf_counter()
     factory = train_plan_index(store, plan)
     if factory is not None:
-        get_run_logger().info("trained %s once for %d shards (%.1f s)", factory, plan.num_shards,
-                              time.perf_counter() - started)
+        planned = shared_factory(plan)
+        why = "" if factory == planned else f" (auto: {planned} would need a re-rank deeper than " \
+            f"{AUTO_MAX_DEPTH} to reach recall {plan.index.recall_target} on these vectors)"
+        get_run_logger().info("trained %s once for %d shards (%.1f s)%s", factory, plan.num_shards,
+                              time.perf_counter() - started, why)
     return factory
 
 

@@ -24,6 +24,7 @@ embedding ranges that are done, so a killed run loses only the shards in flight.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from rag_core.index.faiss_index import (
     deserialize_index,
     needs_training,
     serialize_index,
-    train_index,
+    train_version_index,
 )
 from rag_core.index.incremental_embedding import PassageEncoder, ReuseTable, embed_rows, load_reuse_table
 from rag_core.index.manifest import ShardEntry
@@ -56,7 +57,7 @@ from rag_core.index.plan import GateConfig, IndexPlan, load_encoder, plan_versio
 from rag_core.index.retention import delete_version
 from rag_core.index.tuning import RECALL_K, heldout_recall
 from rag_core.index.version_names import INDEXES_DIR
-from rag_core.index.versions import ShardPayload, publish_manifest, write_shard
+from rag_core.index.versions import CorruptShardError, ShardPayload, publish_manifest, write_shard
 from rag_core.storage import Store
 from rag_core.wiki.ingest import read_passage_rows
 
@@ -148,6 +149,7 @@ def embed_plan_shard(store: Store, plan: IndexPlan, shard_id: int, *, encoder: P
 
 
 TRAINED = "trained.faiss"  # in the version's folder: the trained, empty index every shard copies
+TRAINED_FACTORY = "trained.json"  # beside it, written first: the factory it is ({"factory": ...})
 TRAIN_STREAM = 2  # training sample: seed [seed, 0, 2]; tuning draws [seed, shard, 1], the gate [seed, shard]
 
 
@@ -171,7 +173,7 @@ def train_plan_index(store: Store, plan: IndexPlan) -> str | None:
     factory = shared_factory(plan)
     root = store.child(INDEXES_DIR, plan.version)
     if factory is None or root.exists(TRAINED):
-        return factory
+        return trained_factory(root, plan, factory)
     take = min(plan.index.train_sample, plan.n_passages)
     rows = np.sort(np.random.default_rng([plan.index.seed, 0, TRAIN_STREAM]).choice(plan.n_passages, take,
                                                                                   replace=False))
@@ -181,17 +183,37 @@ def train_plan_index(store: Store, plan: IndexPlan) -> str | None:
         mine = rows[(rows >= start) & (rows < stop)] - start
         if len(mine):
             parts.append(read_embedded(store, plan, shard_id)[2][mine])
-    trained = train_index(np.concatenate(parts), plan.index, factory)
-    root.write_bytes(serialize_index(trained.index), TRAINED)
-    return factory
+    trained = train_version_index(np.concatenate(parts), plan.index, total_vectors=plan.n_passages,
+                                  shards=plan.num_shards)
+    root.write_bytes(json.dumps({"factory": trained.factory}).encode(), TRAINED_FACTORY)
+    root.write_bytes(serialize_index(trained.index), TRAINED)  # last: its presence means both are whole
+    return trained.factory
+
+
+def trained_factory(root: Store, plan: IndexPlan, planned: str | None) -> str | None:
+    """The factory of a version's stored trained index: the planned one, or the fallback auto took for these
+    vectors (:func:`~rag_core.index.faiss_index.train_version_index`); any other name is refused."""
+    if planned is None or not root.exists(TRAINED_FACTORY):
+        return planned
+    try:
+        named = json.loads(root.read_bytes(TRAINED_FACTORY))["factory"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptShardError(f"{root.url_of(TRAINED_FACTORY)}: unreadable; delete the unpublished version "
+                                "and rebuild") from exc
+    allowed = {planned, plan.index.resolve_factory(plan.n_passages, plan.dim, total_vectors=plan.n_passages,
+                                                   shards=plan.num_shards, fast_scan=False)}
+    if named not in allowed:
+        raise CorruptShardError(f"{root.url_of(TRAINED_FACTORY)}: names {named!r}, not this plan's "
+                                f"{' or '.join(sorted(allowed))}; delete the unpublished version and rebuild")
+    return named
 
 
 def stored_trained(store: Store, plan: IndexPlan) -> TrainedIndex | None:
-    """The trained index of :func:`train_plan_index`, when the version has one for the plan's factory."""
-    factory, root = shared_factory(plan), store.child(INDEXES_DIR, plan.version)
-    if factory is None or not root.exists(TRAINED):
+    """The trained index of :func:`train_plan_index`, when the version has one."""
+    planned, root = shared_factory(plan), store.child(INDEXES_DIR, plan.version)
+    if planned is None or not root.exists(TRAINED):
         return None
-    return TrainedIndex(factory, deserialize_index(root.read_bytes(TRAINED)))
+    return TrainedIndex(trained_factory(root, plan, planned), deserialize_index(root.read_bytes(TRAINED)))
 
 
 def read_embedded(store: Store, plan: IndexPlan, shard_id: int) -> tuple[dict[str, Any], list[str], np.ndarray]:

@@ -57,6 +57,9 @@ PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code is cheap to scan, a list dear to visit; index_bench runs 512 at 200k
 FAST_SCAN_MIN_TRAIN = 1_000  # 4-bit PQ trains 16 centroids per sub-quantiser; fewer rows give poor codes
+# auto keeps fast-scan only where a re-rank this deep reaches the target: MiniLM's codes ask for 8; a random
+# encoder's vectors, all alike, defeat 4-bit codes at any depth, and a graph serves them better
+AUTO_MAX_DEPTH = 64
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
 
@@ -82,11 +85,12 @@ class IndexConfig(BaseModel):
     seed: int = Field(0, description="seed of the training sample")
 
     def resolve_factory(self, n_vectors: int, dim: int, *, total_vectors: int | None = None,
-                        shards: int = 1) -> str:
+                        shards: int = 1, fast_scan: bool = True) -> str:
         """The factory for a shard of ``n_vectors``; ``total_vectors`` is the whole index (default: the shard).
 
         ``shards`` > 1: the version's shards are trained once together (:func:`train_index`), so IVF lists
         are sized for the whole index and ``auto`` weighs the sharded search (see :func:`choose_factory`).
+        ``fast_scan=False``: auto's choice without the fast-scan tier (see :func:`train_version_index`).
         """
         if self.factory != "auto":
             return self.factory
@@ -94,7 +98,7 @@ class IndexConfig(BaseModel):
         shard_n = total if shards > 1 else n_vectors
         return choose_factory(
             total, dim, self.memory_budget_bytes, self.recall_target,
-            shard_vectors=shard_n, train_vectors=min(shard_n, self.train_sample), shards=shards,
+            shard_vectors=shard_n, train_vectors=min(shard_n, self.train_sample), shards=shards, fast_scan=fast_scan,
         )
 
 
@@ -116,6 +120,7 @@ def choose_factory(
     shard_vectors: int | None = None,
     train_vectors: int | None = None,
     shards: int = 1,
+    fast_scan: bool = True,
 ) -> str:
     """The ``auto`` rule: the most accurate index family whose memory fits the budget.
 
@@ -158,7 +163,10 @@ def choose_factory(
        shards, loaded together, are one index (docs/benchmarks.md, "4 IVF
        shards trained together against one index"). How many candidates to
        re-rank depends on the encoder, so tuning sets that depth with nprobe
-       (:func:`rag_core.index.tuning.tune_depth`).
+       (:func:`rag_core.index.tuning.tune_depth`); where no depth up to
+       AUTO_MAX_DEPTH reaches the target on the version's own vectors, the
+       version takes the next tier instead (:func:`train_version_index`;
+       ``fast_scan=False`` skips this one).
 
     Fixed costs (IVF centroids, OPQ matrix, per shard) count against the budget.
     The recall target is a prior, not a guarantee: the recall gate measures it.
@@ -177,7 +185,7 @@ def choose_factory(
         return "Flat"
     graph = 8 * HNSW_M + HNSW_EXTRA_BYTES
     fast_lists = ivf_lists(shard_n, train_n, per_sqrt=FAST_SCAN_LISTS_PER_SQRT)
-    if shards > 1 and train_n >= FAST_SCAN_MIN_TRAIN and fits(fast_scan_bytes(dim), 4 * dim * (fast_lists + 8)):
+    if fast_scan and shards > 1 and train_n >= FAST_SCAN_MIN_TRAIN and fits(fast_scan_bytes(dim), 4 * dim * (fast_lists + 8)):
         return fast_scan_factory(fast_lists, dim)
     if fits(4 * dim + graph):
         return f"HNSW{HNSW_M}"
@@ -295,6 +303,32 @@ class TrainedIndex:
 
     factory: str
     index: faiss.Index
+    report: dict | None = None  # the tuning report on the training sample, for an index that has a setting
+
+
+def train_version_index(sample: np.ndarray, config: IndexConfig, *, total_vectors: int, shards: int) -> TrainedIndex:
+    """The index every shard of a version copies: ``config``'s factory for the version, trained on ``sample``.
+
+    ``auto`` decides on the vectors themselves where fast-scan is its pick: when
+    no re-rank depth up to AUTO_MAX_DEPTH reaches the recall target on the
+    training sample (the encoder's vectors are too alike for 4-bit codes), the
+    version gets auto's next tier (HNSW32 without a budget), which a stored
+    trained index names for every shard (an empty graph, or a trained IVF).
+    """
+    n, dim = as_matrix(sample, "sample").shape
+    trained = train_index(sample, config, total_vectors=total_vectors, shards=shards)
+    if config.factory != "auto" or not fast_scan_falls_short(trained, config.recall_target):
+        return trained
+    fallback = config.resolve_factory(n, dim, total_vectors=total_vectors, shards=shards, fast_scan=False)
+    return train_index(sample, config, fallback, total_vectors=total_vectors, shards=shards)
+
+
+def fast_scan_falls_short(trained: TrainedIndex, recall_target: float) -> bool:
+    """A refined index whose tuning on its sample missed the target or needed a re-rank above AUTO_MAX_DEPTH."""
+    if refine_of(trained.index) is None or trained.report is None:
+        return False
+    depth = trained.report["search"].get("k_factor_rf", 0)
+    return trained.report["recall_at_10"] < recall_target or depth > AUTO_MAX_DEPTH
 
 
 def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = None, *,
@@ -337,6 +371,7 @@ def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = N
         report = tune_search(sample, x, rows, queries, recall_target=config.recall_target, metric=config.metric,
                              nprobe=config.nprobe)
         set_search_params(index, **report["search"])  # saved with the index: every copy starts from it
+        return TrainedIndex(factory, index, report)
     return TrainedIndex(factory, index)
 
 

@@ -40,7 +40,7 @@ EF_SEARCH_LADDER = (10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112,
 NPROBE_LADDER = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
                  224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096,
                  5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
-K_FACTOR_LADDER = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # a refined index's candidates per result
+K_FACTOR_LADDER = (2, 4, 8, 16, 32, 64, 128, 256, 512)  # a refined index's candidates per result (FAISS reads <= 1000)
 # The depth must leave nprobe room to trade: at a depth whose ceiling just reaches the target, nprobe
 # climbs to every list; half the gap between the target and 1 is left to it.
 DEPTH_HEADROOM = 0.5

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rag_core.index.faiss_index import (
+    AUTO_MAX_DEPTH,
     FAST_SCAN_LISTS_PER_SQRT,
     IndexBuildError,
     IndexConfig,
@@ -24,9 +25,11 @@ from rag_core.index.faiss_index import (
     deserialize_index,
     fast_scan_bytes,
     fast_scan_factory,
+    fast_scan_falls_short,
     ivf_lists,
     needs_training,
     serialize_index,
+    train_version_index,
     sha256_hex,
     train_index,
 )
@@ -317,3 +320,15 @@ def test_delete_version(tmp_path: Path, data) -> None:
     assert latest_version(store) == v2
     delete_version(store, v2, force=True)
     assert latest_version(store) is None and list_versions(store) == []
+
+
+def test_auto_keeps_fast_scan_for_a_sharded_version_whose_vectors_allow_it() -> None:
+    clustered = clustered_vectors(12_000, 32, seed=3, clusters=60)  # like real embeddings: codes separate them
+    trained = train_version_index(clustered, IndexConfig(tune_queries=300), total_vectors=12_000, shards=4)
+    assert trained.factory == "IVF128,PQ16x4fs,RFlat" and not fast_scan_falls_short(trained, 0.95)
+    assert trained.report["recall_at_10"] >= 0.95 and 4 <= trained.report["search"]["k_factor_rf"] <= AUTO_MAX_DEPTH
+    alike = (np.random.default_rng(0).normal(size=32) + 0.1 * np.random.default_rng(1).normal(size=(12_000, 32)))
+    alike = (alike / np.linalg.norm(alike, axis=1, keepdims=True)).astype(np.float32)  # a random encoder's
+    assert train_version_index(alike, IndexConfig(tune_queries=300), total_vectors=12_000, shards=4).factory == "HNSW32"
+    asked = IndexConfig(factory="IVF128,PQ16x4fs,RFlat", tune_queries=300)  # a factory asked for is kept
+    assert train_version_index(alike, asked, total_vectors=12_000, shards=4).factory == asked.factory

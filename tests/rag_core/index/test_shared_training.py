@@ -2,27 +2,41 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import faiss
 import numpy as np
 import pytest
 
+from rag_core.index import faiss_index
 from rag_core.index.build import (
     TRAINED,
+    TRAINED_FACTORY,
     build_plan_shard,
     build_version,
     embed_plan_shard,
+    mean_recall,
+    read_embedded,
+    shared_factory,
+    stored_trained,
     train_plan_index,
 )
 from rag_core.index.embedding_files import EmbedConfig, read_ref
 from rag_core.index.encoders import Encoder
-from rag_core.index.faiss_index import IndexConfig, coarse_fingerprint, deserialize_index, set_search_params
+from rag_core.index.faiss_index import (
+    IndexConfig,
+    coarse_fingerprint,
+    deserialize_index,
+    fast_scan_falls_short,
+    set_search_params,
+    train_index,
+)
 from rag_core.index.plan import plan_version
 from rag_core.index.search import ShardedIndex
 from rag_core.index.tuning import tuning_queries
 from rag_core.index.version_names import INDEXES_DIR
-from rag_core.index.versions import read_index_manifest, verify_version
+from rag_core.index.versions import CorruptShardError, read_index_manifest, verify_version
 from rag_core.storage import Store
 from tests.helpers.encoderfiles import tiny_encoder
 from tests.helpers.passagefiles import publish_passages, sample_passages
@@ -90,3 +104,30 @@ def test_one_shard_or_an_untrained_factory_trains_nothing_together(wiki: Path, t
     for shards, config in ((1, IVF), (3, IndexConfig(factory="HNSW32", tune_queries=50))):
         plan = plan_version(store, "d1", EmbedConfig(encoder=tiny.config, shards=shards), config, encoder=tiny)
         assert train_plan_index(store, plan) is None and not store.exists(INDEXES_DIR, plan.version, TRAINED)
+
+
+def test_auto_falls_back_to_the_graph_where_the_encoders_vectors_defeat_fast_scan(
+        wiki: Path, tmp_path: Path, tiny: Encoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny random encoder's vectors are all alike: no re-rank depth lets 4-bit codes find their neighbours,
+    so auto's sharded version becomes HNSW32, named beside the stored (empty) graph every shard fills."""
+    monkeypatch.setattr(faiss_index, "FLAT_MAX_VECTORS", 500)  # so that 1,200 passages are past exact search
+    store = Store(str(tmp_path))
+    publish_passages(store, "d1", sample_passages().slice(0, N))
+    auto = IndexConfig(tune_queries=100)
+    plan = plan_version(store, "d1", EmbedConfig(encoder=tiny.config, shards=3), auto, encoder=tiny)
+    assert shared_factory(plan) == "IVF16,PQ16x4fs,RFlat"  # what auto plans for 3 shards of 1,200 (lists capped by the 39 rows each trains on)
+    for s in range(plan.num_shards):
+        embed_plan_shard(store, plan, s, encoder=tiny)
+    assert train_plan_index(store, plan) == "HNSW32"  # the vectors decided
+    root = store.child(INDEXES_DIR, plan.version)
+    assert json.loads(root.read_bytes(TRAINED_FACTORY)) == {"factory": "HNSW32"}
+    built = [build_plan_shard(store, plan, s) for s in range(plan.num_shards)]
+    assert {b.factory for b in built} == {"HNSW32"} and mean_recall(built) >= auto.recall_target
+
+    # the fast-scan it refused: tuned on the same sample, short of the target or deeper than auto allows
+    vectors = np.concatenate([read_embedded(store, plan, s)[2] for s in range(plan.num_shards)])
+    assert fast_scan_falls_short(train_index(vectors, auto, "IVF16,PQ16x4fs,RFlat"), auto.recall_target)
+
+    root.write_bytes(json.dumps({"factory": "IVF4,Flat"}).encode(), TRAINED_FACTORY)  # not a name this plan allows
+    with pytest.raises(CorruptShardError, match="trained.json: names 'IVF4,Flat', not this plan's"):
+        stored_trained(store, plan)
