@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from rag_core.capacity.calibration import calibrate, read_streams
@@ -27,6 +28,10 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
 
     The index stage is calibrated on Flat, then again on the factory the plan
     picks when that is another (a graph or IVF index builds at its own rate).
+    Where that is auto's fast-scan and it misses the recall target on the
+    calibration's vectors, as the rebuild would find on its own
+    (:func:`~rag_core.index.faiss_index.train_version_index`), the plan takes
+    the next tier and calibrates that.
     """
     source, index_source = DumpSource(dump), DumpSource(index or default_index(dump))
     dump_bytes = _size(source)
@@ -34,10 +39,14 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
     pages = sum(len(s.page_ids) for s in streams)
     rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams)
     plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset, factory)
-    if plan.factory not in ("Flat", NO_FACTORY):
+    calibrated = "Flat"
+    while plan.factory not in (calibrated, NO_FACTORY):
         # IVF lists sized for the whole dump cannot train on a calibration sample: time adding and tuning on 64 lists
-        rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams,
-                          factory=re.sub(r"IVF\d+", "IVF64", plan.factory))
+        calibrated = plan.factory
+        again = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams,
+                          factory=re.sub(r"IVF\d+", "IVF64", calibrated))
+        # auto's fast-scan that missed on these vectors stays refused: the rebuild takes the next tier
+        rates = dataclasses.replace(again, fast_scan=again.fast_scan and rates.fast_scan)
         plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset, factory)
     return plan
 

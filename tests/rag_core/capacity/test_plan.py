@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import math
 from pathlib import Path
 
@@ -95,6 +96,9 @@ def test_worker_memory_picks_a_smaller_index_and_more_shards() -> None:
     assert tight.worker_memory_bytes <= 2.0 * GB < roomy.worker_memory_bytes
     # serving search, each of the 4 workers holds a quarter of the codes and raw vectors
     assert roomy.worker_memory_bytes > 20_000_000 * index_bytes_per_vector(roomy.factory, 384) / 4
+    # vectors on which the calibration's fast-scan missed the target: the graph the rebuild falls back to
+    alike = predict("d", 1_000_000, 10**10, dataclasses.replace(RATES, fast_scan=False), Budget(workers=4))
+    assert alike.factory == "HNSW32" and alike.disk_bytes["index"] > roomy.disk_bytes["index"]
     # shards the embedding rule makes too large to build in a worker are split until one fits
     few = EmbedConfig(passages_per_shard=10_000_000)
     assert predict("d", 1_000_000, 10**10, RATES, Budget(workers=4), few).shards == 4  # at least min_shards
