@@ -98,8 +98,8 @@ def train_index_version(store: Store, plan: IndexPlan) -> str | None:
     factory = train_plan_index(store, plan)
     if factory is not None:
         planned = shared_factory(plan)
-        why = "" if factory == planned else f" (auto: {planned} would need a re-rank deeper than " \
-            f"{AUTO_MAX_DEPTH} to reach recall {plan.index.recall_target} on these vectors)"
+        why = "" if factory == planned else f" (auto: {planned} reached recall {plan.index.recall_target} " \
+            f"on these vectors at no re-rank depth up to {AUTO_MAX_DEPTH})"
         get_run_logger().info("trained %s once for %d shards (%.1f s)%s", factory, plan.num_shards,
                               time.perf_counter() - started, why)
     return factory

@@ -51,6 +51,7 @@ EMBED_REPEATS = 3
 # A whole default shard (EmbedConfig.passages_per_shard): tuning costs a shard the same at any size, so a smaller
 # calibration index would charge it to fewer vectors and over-predict the index stage
 SHARD_VECTORS = 20_000
+CALIBRATION_NOISE = 0.3  # expected distance of a calibration vector from the sampled unit vector it copies
 
 
 def _cpu(fn):
@@ -97,7 +98,8 @@ def calibrate(dump: DumpSource, streams: list[Stream], dump_bytes: int, encoder:
 
     rng = np.random.default_rng(0)
     base = vectors[rng.integers(len(vectors), size=index_vectors)]
-    noisy = base + rng.normal(scale=0.05, size=base.shape).astype(np.float32)
+    # distinct vectors around the sampled ones, each moved by the same distance at any width
+    noisy = base + rng.normal(scale=CALIBRATION_NOISE / np.sqrt(base.shape[1]), size=base.shape).astype(np.float32)
     noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
     (index, report), index_cpu = _cpu(lambda: build_tuned_shard(noisy.astype(np.float32), IndexConfig(factory=factory)))
     # the rebuild's own test (train_version_index): a fast-scan that misses here would fall back there

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from rag_core.capacity.calibration import calibrate, read_streams
+from rag_core.capacity.calibration import SHARD_VECTORS, calibrate, read_streams
 from rag_core.capacity.plan import NO_FACTORY, Budget, Plan, predict
 from rag_core.errors import DumpError
 from rag_core.index.embedding_files import EmbedConfig
@@ -29,9 +29,10 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
     The index stage is calibrated on Flat, then again on the factory the plan
     picks when that is another (a graph or IVF index builds at its own rate).
     Where that is auto's fast-scan and it misses the recall target on the
-    calibration's vectors, as the rebuild would find on its own
-    (:func:`~rag_core.index.faiss_index.train_version_index`), the plan takes
-    the next tier and calibrates that.
+    calibration's vectors (copies of the sampled passages' vectors, moved a
+    little), the plan takes the next tier and calibrates that: the rebuild
+    makes the same test on its own vectors
+    (:func:`~rag_core.index.faiss_index.train_version_index`).
     """
     source, index_source = DumpSource(dump), DumpSource(index or default_index(dump))
     dump_bytes = _size(source)
@@ -45,8 +46,9 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
         calibrated = plan.factory
         again = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams,
                           factory=re.sub(r"IVF\d+", "IVF64", calibrated))
-        # auto's fast-scan that missed on these vectors stays refused: the rebuild takes the next tier
-        rates = dataclasses.replace(again, fast_scan=again.fast_scan and rates.fast_scan)
+        # auto's fast-scan that missed on these vectors stays refused: the rebuild tries it, then takes the next tier
+        refused = rates.refused_index_cpu_s or (0.0 if again.fast_scan else SHARD_VECTORS / again.index_vectors_per_cpu_s)
+        rates = dataclasses.replace(again, fast_scan=again.fast_scan and rates.fast_scan, refused_index_cpu_s=refused)
         plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset, factory)
     return plan
 

@@ -49,10 +49,10 @@ from rag_core.index.faiss_index import (
 GB = 1e9
 # What a stage costs beyond the compute a calibration times, from bench/scale_bench.py's 30,000- and
 # 100,000-passage rebuilds (its 300,000 and 1,000,000 are the checks): the process tree's CPU per stage was
-# fixed + overhead x the calibrated compute. Ingest also reads and writes parts, hashes texts and logs Prefect task
-# runs (1.35x, and about 10 s for the stage's gates); the index stage reads vectors only (1.15x). Embed's factor
-# is the mean over two days' 100,000-passage rebuilds, each against its own calibration: the small encoder's
-# calibration pass swings from day to day more than the stage itself does.
+# fixed + overhead x the calibrated compute. Ingest and embed also read and write parts, hash texts and log
+# Prefect task runs (about 10 s for a worker's model load and the stage's gates); the index stage reads vectors
+# only. Embed's factor is fitted on 100,000-passage rebuilds of two days, each against its own calibration,
+# because the small encoder's calibration pass swings more from day to day than the stage itself does.
 STAGE_OVERHEAD = {"ingest": 1.35, "embed": 0.95, "index": 1.15}
 STAGE_FIXED_CPU_S = {"ingest": 10.0, "embed": 10.0, "index": 0.0}
 # Wall time of the Prefect server and Dask cluster coming up and the publish (62-82 s there, loaded machine).
@@ -92,6 +92,7 @@ class Rates:
     dim: int
     encoder_bytes: int  # the encoder's weights in memory
     fast_scan: bool = True  # False: auto's fast-scan missed the recall target on the calibration's vectors
+    refused_index_cpu_s: float = 0.0  # the refused fast-scan's calibration build: the rebuild tries it once too
 
 
 @dataclass(slots=True)
@@ -183,12 +184,19 @@ def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget
             "index": passages * (per_vector + rates.index_text_bytes)}
     compute = {"ingest": stream_bytes / rates.parse_bytes_per_cpu_s,
                "embed": passages / rates.embed_passages_per_cpu_s,
-               "index": passages / rates.index_vectors_per_cpu_s}
+               "index": passages / rates.index_vectors_per_cpu_s + refused_try(passages, rates)}
     hours = {"start-up, publish": STARTUP_S / 3600} | {
         stage: (STAGE_FIXED_CPU_S[stage] + STAGE_OVERHEAD[stage] * cpu_s) / w / 3600 for stage, cpu_s in compute.items()}
     plan = Plan(dump, pages, passages, factory, shards, disk, hours, worker_memory, budget, rates, stream_bytes)
     plan.over = over_budget(plan)
     return plan
+
+
+def refused_try(passages: int, rates: Rates) -> float:
+    """CPU seconds a rebuild spends on auto's fast-scan before refusing it. It trains and tunes it once, on its
+    training sample, whatever the version's size; the calibration's own try, on a shard's worth of vectors, stands
+    for that (tuning searches the same queries at any size)."""
+    return 0.0 if rates.fast_scan else rates.refused_index_cpu_s
 
 
 def over_budget(plan: Plan) -> list[str]:

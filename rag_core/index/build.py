@@ -197,6 +197,8 @@ def trained_factory(root: Store, plan: IndexPlan, planned: str | None) -> str | 
         return planned
     try:
         named = json.loads(root.read_bytes(TRAINED_FACTORY))["factory"]
+        if not isinstance(named, str):
+            raise TypeError(f"factory is {type(named).__name__}")
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptShardError(f"{root.url_of(TRAINED_FACTORY)}: unreadable; delete the unpublished version "
                                 "and rebuild") from exc

@@ -277,7 +277,7 @@ def build_tuned_shard(
     if hnsw is not None:
         hnsw.efConstruction = config.ef_construction  # read by add(): too late to change afterwards
     index.add(x)
-    if search_ladder(index)[0] is None:  # Flat (and other exhaustive indexes): exact already, nothing to tune
+    if search_ladder(index)[0] is None and refine_of(index) is None:  # Flat and the like: exact, nothing to tune
         return index, {"factory": factory}
     rows, queries = shard_tuning_queries(x, config, shard_id)
     coarse = coarse_fingerprint(index)
@@ -324,11 +324,14 @@ def train_version_index(sample: np.ndarray, config: IndexConfig, *, total_vector
 
 
 def fast_scan_falls_short(trained: TrainedIndex, recall_target: float) -> bool:
-    """A refined index whose tuning on its sample missed the target or needed a re-rank above AUTO_MAX_DEPTH."""
-    if refine_of(trained.index) is None or trained.report is None:
+    """A refined index whose tuning on its sample missed the target, or reached it at no re-rank depth up to
+    AUTO_MAX_DEPTH (the depth tuning keeps may be deeper: it also leaves nprobe headroom)."""
+    report = trained.report
+    if refine_of(trained.index) is None or report is None:
         return False
-    depth = trained.report["search"].get("k_factor_rf", 0)
-    return trained.report["recall_at_10"] < recall_target or depth > AUTO_MAX_DEPTH
+    shallow = [r for d, r in report.get("tried_depth", {}).items() if int(d) <= AUTO_MAX_DEPTH]
+    within = report["search"].get("k_factor_rf", 0) <= AUTO_MAX_DEPTH or max(shallow, default=0.0) >= recall_target
+    return report["recall_at_10"] < recall_target or not within
 
 
 def train_index(sample: np.ndarray, config: IndexConfig, factory: str | None = None, *,

@@ -426,7 +426,11 @@ def load_shard(store: Store, manifest: dict[str, Any], entry: dict[str, Any]) ->
             f"{root.url_of(entry['url'])}: corrupt shard: holds {index.ntotal} vectors of dimension {index.d} "
             f"and {table.num_rows} ids, the manifest says {entry['count']} of dimension {manifest['dim']}"
         )
-    apply_search_setting(index, entry.get("meta"))
+    try:
+        apply_search_setting(index, entry.get("meta"))
+    except ValueError as exc:
+        raise CorruptShardError(f"{root.url_of(entry['url'])}: corrupt shard entry: {exc}; republish the version") \
+            from exc
     return index, table
 
 

@@ -63,9 +63,19 @@ def set_search_params(index: faiss.Index, **params: int | None) -> None:
                 raise
 
 
+# What a stored setting may ask: a manifest is read from the store, and each value sizes every search's buffers
+SEARCH_LIMITS = {"efSearch": 1 << 16, "nprobe": 1 << 16, "k_factor_rf": 1000}  # k_factor: FAISS's own read bound
+
+
 def apply_search_setting(index: faiss.Index, meta: dict[str, Any] | None) -> None:
-    """Apply the setting tuning stored in a shard's manifest ``meta`` (``{"search": {"efSearch": 96}}``), if any."""
+    """Apply the setting tuning stored in a shard's manifest ``meta`` (``{"search": {"efSearch": 96}}``), if any;
+    ValueError for a name or value outside SEARCH_LIMITS."""
     setting = (meta or {}).get("search") or {}
+    for name, value in setting.items():
+        if name not in SEARCH_LIMITS or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 1 <= value <= SEARCH_LIMITS[name]:
+            raise ValueError(f"search setting {name}={value!r} is outside what tuning stores "
+                             f"({', '.join(f'{n} 1..{v}' for n, v in SEARCH_LIMITS.items())})")
     set_search_params(index, **{name: int(value) for name, value in setting.items()})
 
 
@@ -178,9 +188,9 @@ def tune_depth(index: faiss.Index, measure: Any, name: str | None, ladder: list[
     queries' and of the same passages searched as they are, because coarse
     codes can blur close neighbours that a far query does not need) reaches the target plus DEPTH_HEADROOM of the gap to
     1 wins, so that nprobe, tuned next, finds the target well before every
-    list. A parameter the caller fixed has no room to trade: there the first
-    depth reaching the target wins. Failing both, the first reaching the target,
-    else the deepest tried. The ladder stops where the candidates cover every
+    list. A parameter the caller fixed (or an index without one) has no room
+    to trade: there the first depth reaching the target wins. Failing both, the
+    first reaching the target, else the one with the best recall. The ladder stops where the candidates cover every
     vector: deeper re-ranks nothing more.
     """
     refine = refine_of(index)

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from rag_core.capacity.dump_plan import plan_rebuild
-from rag_core.capacity.plan import GB, Budget, CapacityError, Rates, check_budget, index_bytes_per_vector, predict
+from rag_core.capacity.plan import (
+    GB,
+    STAGE_OVERHEAD,
+    Budget,
+    CapacityError,
+    Rates,
+    check_budget,
+    index_bytes_per_vector,
+    predict,
+)
 from rag_core.errors import DumpError
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
@@ -99,6 +108,10 @@ def test_worker_memory_picks_a_smaller_index_and_more_shards() -> None:
     # vectors on which the calibration's fast-scan missed the target: the graph the rebuild falls back to
     alike = predict("d", 1_000_000, 10**10, dataclasses.replace(RATES, fast_scan=False), Budget(workers=4))
     assert alike.factory == "HNSW32" and alike.disk_bytes["index"] > roomy.disk_bytes["index"]
+    tried = predict("d", 1_000_000, 10**10, dataclasses.replace(RATES, fast_scan=False, refused_index_cpu_s=360.0),
+                    Budget(workers=4))  # the rebuild tries the fast-scan once before refusing it
+    extra_cpu_s = (tried.hours["index"] - alike.hours["index"]) * 3600 * 4
+    assert extra_cpu_s == pytest.approx(360.0 * STAGE_OVERHEAD["index"])
     # shards the embedding rule makes too large to build in a worker are split until one fits
     few = EmbedConfig(passages_per_shard=10_000_000)
     assert predict("d", 1_000_000, 10**10, RATES, Budget(workers=4), few).shards == 4  # at least min_shards

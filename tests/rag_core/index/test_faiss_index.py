@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import re
@@ -29,6 +30,7 @@ from rag_core.index.faiss_index import (
     ivf_lists,
     needs_training,
     serialize_index,
+    TrainedIndex,
     train_version_index,
     sha256_hex,
     train_index,
@@ -332,3 +334,11 @@ def test_auto_keeps_fast_scan_for_a_sharded_version_whose_vectors_allow_it() -> 
     assert train_version_index(alike, IndexConfig(tune_queries=300), total_vectors=12_000, shards=4).factory == "HNSW32"
     asked = IndexConfig(factory="IVF128,PQ16x4fs,RFlat", tune_queries=300)  # a factory asked for is kept
     assert train_version_index(alike, asked, total_vectors=12_000, shards=4).factory == asked.factory
+    # the rule: some depth up to AUTO_MAX_DEPTH reaches the target (tuning may keep a deeper one, for headroom)
+    def tuned(depth: int, tried: dict[int, float], recall: float = 0.97) -> TrainedIndex:
+        report = {**trained.report, "recall_at_10": recall, "search": {"nprobe": 7, "k_factor_rf": depth},
+                  "tried_depth": {str(d): r for d, r in tried.items()}}
+        return dataclasses.replace(trained, report=report)
+    assert not fast_scan_falls_short(tuned(128, {32: 0.96, 64: 0.97, 128: 0.98}), 0.95)
+    assert fast_scan_falls_short(tuned(128, {32: 0.90, 64: 0.94, 128: 0.98}), 0.95)
+    assert fast_scan_falls_short(tuned(16, {8: 0.96, 16: 0.98}, recall=0.93), 0.95)  # nprobe never got there

@@ -30,6 +30,7 @@ from rag_core.index.search import (
     check_dim,
     merge_topk,
     search_shard,
+    single_ranked,
     thread_plan,
 )
 from rag_core.index.version_names import IndexVersionError
@@ -235,7 +236,6 @@ def test_fast_scan_shards_trained_together_search_as_their_one_index(corpus) -> 
     built = [build_tuned_shard(base[a:b], config, shard_id=s, trained=trained)
              for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
     shards = [index for index, _ in built]
-    assert {r["search"]["k_factor_rf"] for _, r in built} == {depth}  # every shard re-ranks as deep as the version
     whole = faiss.clone_index(trained.index)
     whole.add(base[:4_000])
     want_scores, want = whole.search(queries, 10)
@@ -249,13 +249,33 @@ def test_fast_scan_shards_trained_together_search_as_their_one_index(corpus) -> 
     exact = np.sort(base[:4_000] @ queries.T, axis=0)[::-1][:10].T
     assert (scores <= exact + 1e-5).all()  # re-ranked on the raw vectors: true inner products
 
+    deeper = [faiss.clone_index(i) for i in shards]
+    faiss.downcast_index(deeper[2]).k_factor = depth + 1  # a shard republished deeper: the merged index keeps it
+    assert faiss.downcast_index(ShardedIndex(deeper, tables, merge=True).shards[0]).k_factor == depth + 1
     merged = ShardedIndex([faiss.clone_index(i) for i in shards], tables, merge=True)
     scores, shard, rows = merged.search_rows(queries, 10)
     assert merged.merged and merged.num_shards == 4 and merged.ntotal == 4_000
+    assert faiss.downcast_index(merged.shards[0]).k_factor == depth
     assert np.array_equal(np.where(rows >= 0, bounds[:-1][shard] + rows, -1), want)  # the one index's rows
     assert np.allclose(scores, want_scores, atol=1e-5)
     hit = merged.search(queries[:1], 10)[0][0]  # rows map back to their shard's passages
     assert hit.passage_id == f"passage-{want[0, 0]}" and hit.shard == int(np.searchsorted(bounds, want[0, 0], "right") - 1)
+
+
+def test_one_index_ranking_is_kept_only_where_the_merge_would_return_it(corpus) -> None:
+    base, queries, _ = corpus
+    for metric, faiss_metric in (("ip", faiss.METRIC_INNER_PRODUCT), ("l2", faiss.METRIC_L2)):
+        index = faiss.IndexFlat(DIM, faiss_metric)
+        index.add(base[:2_000])
+        distances, rows = index.search(queries, 10)
+        kept = single_ranked(distances, rows, 10)
+        merged, shards, merged_rows = merge_topk([distances], [rows], 10, larger_is_better=metric == "ip")
+        assert kept is not None and np.array_equal(kept[1], merged_rows) and np.array_equal(kept[0], merged)
+        assert (shards == 0).all()
+    tied = np.array([[0.9, 0.8, 0.8]], np.float32), np.array([[5, 9, 2]])  # the merge puts row 2 before row 9
+    assert single_ranked(*tied, 3) is None and merge_topk([tied[0]], [tied[1]], 3)[2].tolist() == [[5, 2, 9]]
+    assert single_ranked(np.array([[0.9, -3e38]], np.float32), np.array([[5, -1]]), 2) is None  # one missing
+    assert single_ranked(np.array([[0.9, 0.8]], np.float32), np.array([[5, 6]]), 3) is None  # fewer than k
 
 
 # -- threads --------------------------------------------------------------------

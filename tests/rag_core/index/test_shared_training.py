@@ -108,8 +108,9 @@ def test_one_shard_or_an_untrained_factory_trains_nothing_together(wiki: Path, t
 
 def test_auto_falls_back_to_the_graph_where_the_encoders_vectors_defeat_fast_scan(
         wiki: Path, tmp_path: Path, tiny: Encoder, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tiny random encoder's vectors are all alike: no re-rank depth lets 4-bit codes find their neighbours,
-    so auto's sharded version becomes HNSW32, named beside the stored (empty) graph every shard fills."""
+    """The tiny random encoder's vectors are all alike: no re-rank depth up to AUTO_MAX_DEPTH lets 4-bit codes
+    find their neighbours, so auto's sharded version becomes HNSW32, named beside the stored (empty) graph every
+    shard fills."""
     monkeypatch.setattr(faiss_index, "FLAT_MAX_VECTORS", 500)  # so that 1,200 passages are past exact search
     store = Store(str(tmp_path))
     publish_passages(store, "d1", sample_passages().slice(0, N))

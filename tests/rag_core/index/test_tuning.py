@@ -75,6 +75,10 @@ def test_a_refined_index_tunes_its_rerank_depth_to_how_coarse_its_codes_are(over
     assert faiss.downcast_index(again).k_factor == depth
     apply_search_setting(again, {"search": {"nprobe": 3, "k_factor_rf": 2}})  # ... and a manifest's setting wins
     assert faiss.downcast_index(again).k_factor == 2 and faiss.extract_index_ivf(again).nprobe == 3
+    for tampered in ({"k_factor_rf": 10**6}, {"nprobe": 0}, {"efSearch": "96"}, {"max_codes": 5}):
+        with pytest.raises(ValueError, match="outside what tuning stores"):  # it would size every search's buffers
+            apply_search_setting(again, {"search": tampered})
+    assert faiss.downcast_index(again).k_factor == 2
     # a depth and an nprobe the caller fixes are measured, not tuned
     _, fixed = build_tuned_shard(base, IndexConfig(factory="IVF64,PQ16x4fs,RFlat", nprobe=24, tune_queries=400,
                                                    seed=2), shard_id=3)
