@@ -57,8 +57,8 @@ PQ_SUBQUANTIZERS = (64, 48, 32, 24, 16, 8, 4)  # bytes per vector tried, largest
 TUNE_QUERY_COSINE = 0.45  # a tuning query's cosine to its passage: questions lie far (docs/benchmarks.md)
 FAST_SCAN_LISTS_PER_SQRT = 1  # a 4-bit code is cheap to scan, a list dear to visit; index_bench runs 512 at 200k
 FAST_SCAN_MIN_TRAIN = 1_000  # 4-bit PQ trains 16 centroids per sub-quantiser; fewer rows give poor codes
-# auto keeps fast-scan only where a re-rank this deep reaches the target: MiniLM's codes ask for 8; a random
-# encoder's vectors, all alike, defeat 4-bit codes at any depth, and a graph serves them better
+# auto keeps fast-scan only where a re-rank this deep reaches the target: MiniLM's codes ask for 8 (index_bench);
+# a random encoder's vectors, all alike, need deeper, and a graph serves them better
 AUTO_MAX_DEPTH = 64
 TUNE_STREAM = 1  # tuning draws its queries from seed [seed, shard, 1]: apart from a gate's [seed, shard]
 
