@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from rag_core.capacity.calibration import SHARD_VECTORS, calibrate, read_streams
+from rag_core.capacity.calibration import SHARD_VECTORS, index_rates, read_streams, sample_rates
 from rag_core.capacity.plan import NO_FACTORY, Budget, Plan, predict
 from rag_core.errors import DumpError
 from rag_core.index.embedding_files import EmbedConfig
@@ -26,7 +26,7 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
                  embed: EmbedConfig | None = None, n_streams: int = 8, factory: str = "auto") -> Plan:
     """Pages from the index, rates from ``n_streams`` of the dump's streams, then :func:`predict`.
 
-    The index stage is calibrated on Flat, then again on the factory the plan
+    The dump is parsed and embedded once; the index stage is timed on Flat, then again on the factory the plan
     picks when that is another (a graph or IVF index builds at its own rate).
     Where that is auto's fast-scan and it misses the recall target on the
     calibration's vectors (copies of the sampled passages' vectors, moved a
@@ -38,14 +38,14 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
     dump_bytes = _size(source)
     streams = read_streams(index_source, dump_bytes)
     pages = sum(len(s.page_ids) for s in streams)
-    rates = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams)
+    sampled, vectors = sample_rates(source, streams, dump_bytes, encoder, n_streams=n_streams)
+    rates = index_rates(sampled, vectors, "Flat")
     plan = predict(dump, pages, dump_bytes, rates, budget, embed, dump_bytes - streams[0].offset, factory)
     calibrated = "Flat"
     while plan.factory not in (calibrated, NO_FACTORY):
         # IVF lists sized for the whole dump cannot train on a calibration sample: time adding and tuning on 64 lists
         calibrated = plan.factory
-        again = calibrate(source, streams, dump_bytes, encoder, n_streams=n_streams,
-                          factory=re.sub(r"IVF\d+", "IVF64", calibrated))
+        again = index_rates(sampled, vectors, re.sub(r"IVF\d+", "IVF64", calibrated))
         # auto's fast-scan that missed on these vectors stays refused: the rebuild tries it, then takes the next tier
         refused = rates.refused_index_cpu_s or (0.0 if again.fast_scan else SHARD_VECTORS / again.index_vectors_per_cpu_s)
         rates = dataclasses.replace(again, fast_scan=again.fast_scan and rates.fast_scan, refused_index_cpu_s=refused)

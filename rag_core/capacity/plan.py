@@ -1,7 +1,7 @@
 """What an index rebuild of a dump will take, from the dump's multistream index and measured rates.
 
 :func:`predict` is arithmetic only: the dump's size and the :class:`Rates`
-that :func:`rag_core.capacity.calibration.calibrate` measured on a few of its
+that :mod:`rag_core.capacity.calibration` measured on a few of its
 streams give passages, bytes per stage, RAM per worker and hours
 per stage; the index factory comes from the index stage's own ``auto`` rule
 (:func:`rag_core.index.faiss_index.choose_factory`) with the workers' memory as
