@@ -31,6 +31,24 @@ MULTISTREAM_INDEX = WIKI / "enwiki-sample-pages-articles-multistream-index.txt.b
 TABLES_BZ2 = WIKI / "enwiki-table-markup.xml.bz2"
 
 
+# The files whose end-to-end runs take minutes each (CI's --durations list), started first so that the two workers'
+# shorter files fill in behind them instead of one of these starting last.
+LONGEST_FIRST = ("flows/test_storage_outage.py", "flows/test_fresh_knowledge.py", "flows/test_index_rebuild.py",
+                 "runtime/test_services.py", "flows/test_stopping.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files in the order a scheduler of --dist loadfile should start them: the longest, then the other slow ones,
+    then the rest (pyproject's --no-loadscope-reorder keeps this order instead of xdist's by number of tests)."""
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix().removeprefix(Path(__file__).parent.as_posix() + "/")
+        if path in LONGEST_FIRST:
+            return LONGEST_FIRST.index(path)
+        return len(LONGEST_FIRST) + (item.get_closest_marker("slow") is None)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
 @pytest.fixture(autouse=True)
 def _wikirag_logger_as_found() -> Iterator[None]:
     """An in-process CLI call configures the ``wikirag`` logger; the next test (and caplog) gets it back as found."""
