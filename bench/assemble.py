@@ -39,6 +39,7 @@ TITLES = {
     "rank_malloc_bench": "A training rank's malloc",
     "train_choice_bench": "The main job's fine-tune settings",
     "train_layers_bench": "Fine-tuning only the last decoder blocks",
+    "checkpointing_bench": "Activation checkpointing in the main job's fine-tune",
     "unpadding_bench": "Fine-tuning on unpadded prompts",
     "process_tuning_bench": "Process-level tuning on vs off",
 }

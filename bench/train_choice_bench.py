@@ -37,7 +37,7 @@ QA_DIR = ROOT.parent / "shared" / "data" / "qa"
 # name -> TrainConfig fields that differ from "main", the main job's ShortRun (rag_core/train/jobs.py)
 # and GeneratedQAConfig fields of its data (rag_core/train/generated_qa.py)
 MAIN = {"n_docs": 2, "batch_size": 4, "max_steps": 24, "train_generator_layers": 15, "lr": 2e-4,
-        "train_question_encoder": True, "when_share": 0.2}
+        "train_question_encoder": True, "activation_checkpointing": False, "when_share": 0.2}
 CANDIDATES = {
     "main": {},
     "when-uncapped": {"when_share": 1.0},

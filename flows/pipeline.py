@@ -90,6 +90,9 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
               # the main job's time budget: lean ranks run at 0.78x the examples/s (bench/rank_malloc_bench.py),
               # and two fast ranks of this short run fit the machine
               "rank_memory": "fast",
+              # two examples per process hold small activations: recomputing each trained block in the backward
+              # pass costs 1.72x the step time here and saves no peak memory (bench/checkpointing_bench.py)
+              "activation_checkpointing": False,
               # four dev-loss points for the plot at the cost of two passes over 16
               "eval_every": max(1, run.max_steps // 3), "max_dev_examples": 8}
     decoding = {"max_new_tokens": run.max_new_tokens, "mode": "fast", "precision": "auto"}
