@@ -71,7 +71,8 @@ def main() -> int:
               f"micro-batch; {args.steps} steps per run (figure: the recipe's median over steps 2..{args.steps}), "
               f"autocast {precision}, 1 torch thread, in process; {args.repeats} repeats, interleaved. Peak RSS: "
               "the whole bench process's high-water mark over the run (index and models included)."), "",
-             "| activation checkpointing | training examples/s (min / median / max) | peak RSS, GB (min / median / max) |",
+             "| activation checkpointing | training examples/s (min / median / max) "
+             "| peak RSS, GB (min / median / max) |",
              "|---|---|---|",
              f"| on (the recipe's default) | {spread(rates[True])} | {spread(peaks[True], '{:.2f}')} |",
              f"| off | {spread(rates[False])} | {spread(peaks[False], '{:.2f}')} |", "",

@@ -126,8 +126,8 @@ def test_micro_batches_and_activation_checkpointing_give_the_gradient_of_the_who
     whole, micro = gradients(tiny, f"runs/whole-{generator}"), gradients(tiny, f"runs/saving-{generator}")
     largest = max(float(g.abs().max()) for g in whole.values())
     assert largest > 1e-3  # real gradients: the comparison can fail
-    # float32 rounding of sums in another order: 4e-6 of the largest on an AMD EPYC (llama), under 1e-6 on an Intel Xeon;
-    # a lost or doubled micro-batch would be off by an eighth of it
+    # float32 rounding of sums in another order: 4e-6 of the largest on an AMD EPYC (llama), under 1e-6 on an Intel
+    # Xeon; a lost or doubled micro-batch would be off by an eighth of it
     assert max_difference(whole, micro) < 1e-5 * largest, (max_difference(whole, micro), largest)
 
 
