@@ -188,7 +188,13 @@ def test_a_new_dump_reaches_the_champion_through_the_deployments_and_rollback_re
 
             # the same dump again: one request to the site, no parsing, no embedding, nothing published
             shutil.rmtree(site.root / "enwiki" / RUNNING)  # no run in progress either: exactly one request
-            listed = {d: sorted(store.list(d)) for d in ("passages", "embeddings", "indexes")}
+            # published names only (a "_" name is staging or reports): an emptied passages/_staging was listed before
+            # this no-op run and gone after it in one CI run on SeaweedFS
+            def published() -> dict[str, list[str]]:
+                return {d: [n for n in store.list(d) if not n.startswith("_")] for d in ("passages", "embeddings",
+                                                                                          "indexes")}
+
+            listed = published()
             asked_before = len(site.log)
             third = _rebuild(client, site_config, embed)
             assert third.state.is_completed()
@@ -196,7 +202,7 @@ def test_a_new_dump_reaches_the_champion_through_the_deployments_and_rollback_re
             children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[third.id])))
             assert [client.read_flow(r.flow_id).name for r in children] == ["mirror_dump"]
-            assert {d: sorted(store.list(d)) for d in listed} == listed and latest_version(store) == new
+            assert published() == listed and latest_version(store) == new
 
             # a dump whose published sha1 is wrong: the run fails, nothing is kept or published, no refresh runs
             refreshes = len(_runs(client, refresh_id))
