@@ -20,24 +20,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import emulate_avx2_if_asked, publish, spread
+from report import emulate_avx2_if_asked, publish, reset_peak_rss, spread, status_bytes
 from train_bench import add_input_arguments
 from train_layers_bench import add_run_arguments, main_job_inputs, recipe_rate, start_one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def peak_rss_reset() -> None:
-    """Reset the kernel's high-water mark of this process (Linux: /proc/self/clear_refs, 5)."""
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss_gb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1e6
-    return float("nan")
 
 
 def main() -> int:
@@ -55,10 +43,10 @@ def main() -> int:
             for on in (True, False):
                 config = base.model_copy(update={"activation_checkpointing": on,
                                                  "output": f"runs/{'on' if on else 'off'}-{repeat}"})
-                peak_rss_reset()
+                reset_peak_rss()
                 rate, _, precision = recipe_rate(config, store, f"repeat {repeat + 1}: checkpointing {on}")
                 rates[on].append(rate)
-                peaks[on].append(peak_rss_gb())
+                peaks[on].append(status_bytes("VmHWM") / 1e9)
         info.finish()
 
     ratio = [off / on for on, off in zip(rates[True], rates[False])]

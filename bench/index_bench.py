@@ -65,7 +65,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 import faiss  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from report import RunInfo, spread  # noqa: E402
+from report import RunInfo, reset_peak_rss, spread, status_bytes  # noqa: E402
 
 from rag_core.index.embedding_files import shard_bounds  # noqa: E402
 from rag_core.index.faiss_index import (  # noqa: E402
@@ -157,14 +157,10 @@ def question_sets(xb: np.ndarray, pool: np.ndarray, sets: np.ndarray, n: int) ->
 # -- builds: a fresh process per index or shard ------------------------------------------------------
 
 
-def _status(key: str) -> int:  # bytes of a /proc/self/status line (VmRSS, VmHWM)
-    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
-
-
 def _build_in_child(npy: str, start: int, stop: int, config: dict, total: int, shard: int, out: str) -> dict:
     """Read rows [start, stop), build and tune, serialise to ``out``; seconds, peak-RSS rise, the report."""
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) that the imports left
-    base = _status("VmRSS")
+    reset_peak_rss()  # the peak the imports left is not the build's
+    base = status_bytes("VmRSS")
     header = np.load(npy, mmap_mode="r")  # shape and data offset only
     d = header.shape[1]
     x = np.fromfile(npy, np.float32, (stop - start) * d, offset=header.offset + start * d * 4).reshape(-1, d)
@@ -173,7 +169,7 @@ def _build_in_child(npy: str, start: int, stop: int, config: dict, total: int, s
     seconds = time.perf_counter() - t0
     data = serialize_index(index)
     Path(out).write_bytes(data)
-    return {"seconds": seconds, "rise": _status("VmHWM") - base, "bytes": len(data), "report": report}
+    return {"seconds": seconds, "rise": status_bytes("VmHWM") - base, "bytes": len(data), "report": report}
 
 
 def build(npy: Path, start: int, stop: int, config: IndexConfig, total: int, shard: int,

@@ -52,7 +52,6 @@ import dataclasses
 import gc
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -65,7 +64,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.decoding_bench import strip  # noqa: E402
-from bench.report import MIN_REPEATS, RunInfo, spread  # noqa: E402
+from bench.report import MIN_REPEATS, RunInfo, reset_peak_rss, spread, status_bytes  # noqa: E402
 from rag_core.model.decoding import rag_sequence_generate, rag_token_generate  # noqa: E402
 from rag_core.model.rag_model import RagConfig, RagModel  # noqa: E402
 
@@ -193,10 +192,6 @@ def compare_losses(model, reference, inputs: Inputs) -> tuple[float, float, floa
 # ----------------------------------------------------------------------------- memory (child process)
 
 
-def _status_kb(field: str) -> int:
-    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
-
-
 def memory_child(args) -> None:
     """Build, read RSS, reset the peak, run warm-up + steps; print {"base_mb", "peak_mb", "delta_mb", "how"}."""
     engine, kind = args.memory_child.split(",")
@@ -205,15 +200,15 @@ def memory_child(args) -> None:
     model, reference, inputs = build(kind, args)
     model.train()
     gc.collect()
-    base = _status_kb("VmRSS")
+    base = status_bytes("VmRSS") / 1024
     try:
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+        reset_peak_rss()
         how = "VmHWM after clear_refs"
     except OSError:
         how = "ru_maxrss (peak since start: an upper bound)"
     for _ in range(args.memory_steps):
         train_step(engine, model, reference, inputs)
-    peak = _status_kb("VmHWM")
+    peak = status_bytes("VmHWM") / 1024
     print(json.dumps({"base_mb": base / 1024, "peak_mb": peak / 1024, "delta_mb": (peak - base) / 1024, "how": how}))
 
 

@@ -130,6 +130,17 @@ class RunInfo:
         ]
 
 
+def status_bytes(key: str) -> int:
+    """Bytes of one ``/proc/self/status`` line of this process (``VmRSS``, ``VmHWM``; Linux)."""
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key + ":"))
+
+
+def reset_peak_rss() -> None:
+    """Make this process's peak RSS (``VmHWM``) its current RSS, so that a peak read later is the run's own (Linux
+    ``/proc/self/clear_refs``; OSError where the kernel does not offer it)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def publish(text: str, markdown: Path | None) -> None:
     """Print a benchmark's markdown section, and write it to ``markdown`` when given (``--markdown FILE``)."""
     print(text)
