@@ -74,14 +74,13 @@ def sample_rates(dump: DumpSource, streams: list[Stream], dump_bytes: int, encod
     apart, once per factory, by :func:`index_rates` (its fields here are Flat's, untimed)."""
     shards = sample_shards(streams, dump_bytes, n_streams)
 
-    def parse() -> pa.Table:
+    def parse() -> tuple[pa.Table, int]:
         table = pa.concat_tables(passages_from_pages(iter_shard_pages(dump, shard))[0] for shard in shards)
-        table_to_parquet(table)  # ingest writes its parts: their encoding is part of the cost
-        return table
+        return table, len(table_to_parquet(table))  # ingest writes its parts: their encoding is part of the cost
 
     # the best of 2: the first pass also pays the dump's first reads and the parser's imports, once per worker
     parsed = [_cpu(parse) for _ in range(PARSE_REPEATS)]
-    table, parse_cpu = parsed[0][0], min(cpu for _, cpu in parsed)
+    (table, parquet_bytes), parse_cpu = parsed[0][0], min(cpu for _, cpu in parsed)
     sampled_bytes = sum(shard.end - shard.start for shard in shards)
     if table.num_rows == 0:
         raise DumpError(f"{dump.name}: the {len(shards)} sampled streams hold no article text; "
@@ -101,7 +100,7 @@ def sample_rates(dump: DumpSource, streams: list[Stream], dump_bytes: int, encod
     finally:
         torch.set_num_threads(threads)
 
-    passage_bytes = len(table_to_parquet(table)) / table.num_rows
+    passage_bytes = parquet_bytes / table.num_rows
     text_bytes = len(table_to_parquet(table.select(["passage_id", "title", "text"]))) / table.num_rows
     rates = Rates(passages_per_dump_byte=table.num_rows / sampled_bytes, parse_bytes_per_cpu_s=sampled_bytes / parse_cpu,
                   embed_passages_per_cpu_s=len(texts) / embed_cpu, index_vectors_per_cpu_s=math.inf,
