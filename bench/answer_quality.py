@@ -69,7 +69,7 @@ def parse_models(specs: list[str], parser: argparse.ArgumentParser) -> dict[str,
         label, sep, uri = spec.partition("=")
         if not sep or not label.strip() or not uri.strip():
             parser.error(f"--model {spec!r}: write LABEL=URI, e.g. \"RAG-Sequence fine-tuned=models:/wikirag-qa/1\"")
-        if label.strip() in ZERO_SHOT:
+        if label.strip() in (*ZERO_SHOT, "zero-shot"):
             parser.error(f"--model {spec!r}: {label.strip()!r} names a zero-shot row; pick another label")
         models[label.strip()] = uri.strip()
     return models
@@ -135,10 +135,9 @@ def main() -> int:
         with torch.no_grad():
             batch = zero.retrieve(questions, args.n_docs)
         recall["zero-shot"] += recalls(batch, chunk)
-        timed("closed-book", zero, zero.closed_book(questions))
-        for name, kind in (("RAG-Sequence", "sequence"), ("RAG-Token", "token")):
-            zero.config = zero.config.model_copy(update={"kind": kind})
-            timed(name, zero, batch)
+        for name, kind in (("closed-book", "sequence"), ("RAG-Sequence", "sequence"), ("RAG-Token", "token")):
+            zero.config = zero.config.model_copy(update={"kind": kind})  # closed-book decodes as the gate's does
+            timed(name, zero, zero.closed_book(questions) if name == "closed-book" else batch)
         for label, model in tuned.items():
             with torch.no_grad():
                 own = model.retrieve(questions, args.n_docs)
