@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from questions import SPLITS, article_texts, contains, normalize, sample_questions  # noqa: E402
+from questions import SPLITS, article_texts, sample_questions  # noqa: E402
 from report import RunInfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,20 +45,20 @@ GOAL_IN_OUTPUT, GOAL_RATIO, GOAL_MEDIAN_WORDS, GOAL_GAIN = 0.65, 2.5, 6, 0.10
 
 def score(output: str, answers: list[str]) -> dict[str, float]:
     from rag_core.evaluate.metrics import exact_match, f1_score
+    from rag_core.evaluate.real_questions import answer_in_output
 
-    out = normalize(output)
     return {"em": exact_match(output, answers), "f1": f1_score(output, answers),
-            "in_output": float(any(contains(out, normalize(a)) for a in answers)),
-            "words": len(output.split())}
+            "in_output": answer_in_output(output, answers), "words": len(output.split())}
 
 
 def recalls(batch, items: list[dict]) -> list[list[float]]:
     """Per question, [recall@1, ..., recall@n]: an answer in one of the top k passages by p(z|x)."""
+    from rag_core.evaluate.real_questions import answer_in_output  # the gate's test: whole words, normalised
+
     out = []
     for row, item in enumerate(items):
         order = batch.doc_scores[row].argsort(descending=True, stable=True).tolist()
-        texts = [normalize(batch.titles[row][z] + " " + batch.texts[row][z]) for z in order]
-        hits = [any(contains(t, normalize(a)) for a in item["answers"]) for t in texts]
+        hits = [answer_in_output(batch.titles[row][z] + " " + batch.texts[row][z], item["answers"]) for z in order]
         out.append([float(any(hits[:k])) for k in range(1, len(hits) + 1)])
     return out
 
