@@ -80,7 +80,7 @@ def index_rebuild(
 
     # The build's lease keeps gc and delete off its embedding ranges and version folder while it runs, and makes a
     # second rebuild of the same passages wait for this one (then find LATEST unchanged, or reuse its vectors).
-    with index_lease(target, dump_id_of(passages_url)) as lease:
+    with index_lease(target, dump_id_of(passages_url), store.lease_ttl_s) as lease:
         plan = plan_index(target, passages_url, embed, index, gate)
         protect_plan(lease, plan)
         if (current := unchanged_latest(target, plan)) is not None:

@@ -53,7 +53,7 @@ def ingest(config: IngestConfig, store: StoreAccess) -> str:
     plan = plan_dump(config, dump, index)
     url = target.url_of("passages", plan.dump_id)
     # One run per passage set at a time: a second run of the same dump waits here, then finds the set published.
-    with ingest_lease(target, plan.dump_id, dump.url):
+    with ingest_lease(target, plan.dump_id, dump.url, store.lease_ttl_s):
         existing = already_published(target, plan)
         if existing is not None:
             summarize_ingest(plan, existing, url, reused=True)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, Secret, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag_core.errors import StoreError
+from rag_core.leases import DEFAULT_TTL_S
 from rag_core.storage import Store
 
 # Telemetry off everywhere, and no hub: set before prefect, mlflow or
@@ -86,6 +87,7 @@ class StoreAccess(BaseModel):
     url: str = Field(description="store URL: a path, file://..., or s3://bucket/prefix")
     s3_options: Secret[dict[str, Any]] = Field(default_factory=lambda: Secret({}),
                                                description="fsspec options for every s3:// URL (credentials, endpoint)")
+    lease_ttl_s: float = Field(DEFAULT_TTL_S, ge=5, description="ttl of the build leases a flow takes on this store")
 
     @model_validator(mode="before")
     @classmethod
@@ -125,6 +127,10 @@ class Settings(Switches):
     store_retries: int = Field(STORE_RETRIES, ge=0, le=10,
                                description="retries of a failed S3 request (timeouts, 5xx, throttling, connection "
                                            "refused or reset), with exponential backoff and jitter")
+    lease_ttl_s: float = Field(DEFAULT_TTL_S, ge=5, le=24 * 3600,
+                               description="seconds after a build's last heartbeat (one every ttl/4) before another "
+                                           "run takes its lease over: how long a rerun waits after a build that "
+                                           "could not release it (killed, or its store unreachable)")
 
     # The standard AWS variables, read without the prefix.
     aws_access_key_id: str | None = Field(None, validation_alias="AWS_ACCESS_KEY_ID")
@@ -159,7 +165,8 @@ class Settings(Switches):
 
     def store_access(self, url: str | None = None) -> StoreAccess:
         """The store (``url``, default the configured one) with this environment's S3 options, for a flow."""
-        return StoreAccess(url=url or self.store_url, s3_options=Secret(self.s3_options()))
+        return StoreAccess(url=url or self.store_url, s3_options=Secret(self.s3_options()),
+                           lease_ttl_s=self.lease_ttl_s)
 
     def open_store(self, url: str | None = None) -> Store:
         """The store (``url``, default the configured one), ready for ``rag_core`` calls."""

@@ -15,8 +15,6 @@ published when the kill came).
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import json
 import os
 import re
@@ -48,6 +46,7 @@ SHARD_IDS = re.compile(r"indexes/([^/]+)/shard-\d+\.ids\.parquet")
 PLAN = re.compile(r"indexes/([^/]+)/plan\.json")
 # Past the retries' worst case, a failed run still closes its Dask cluster (15 s at most) and its Prefect flow run.
 CLOSE_S = 45
+LEASE_TTL_S = 10
 
 
 @pytest.fixture
@@ -73,8 +72,11 @@ def cluster(prefect_server: str) -> Iterator[str]:
 
 def _env(seaweed: SeaweedFS, home: Path, store: str, prefect_server: str, cluster: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WIKIRAG_"))}
+    # A run killed by its store cannot release its build lease; the rerun takes it over once its ttl has passed
+    # since the last heartbeat: 10 s here instead of the default 120 s, or each rerun would wait two minutes.
     return {**env, **seaweed.server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": store,
-            "WIKIRAG_DASK_ADDRESS": cluster, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO)}
+            "WIKIRAG_DASK_ADDRESS": cluster, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO),
+            "WIKIRAG_LEASE_TTL_S": str(LEASE_TTL_S)}
 
 
 def _objects(seaweed: SeaweedFS, prefix: str) -> list[str]:
@@ -147,6 +149,7 @@ def test_a_dead_store_is_one_line_and_nothing_visible_a_short_outage_is_ridden_t
     code, out, stderr = run.finish()
     assert code == 0, stderr[-3000:]
     assert "will start" not in stderr and "Retry" not in stderr  # botocore's retries rode it through, not Prefect's
+    assert "took over the expired index lease" in stderr and f"(ttl {LEASE_TTL_S} s)" in stderr, stderr[-3000:]
     version = out.strip()
     assert set(_visible(_objects(seaweed, prefix))) == {"indexes/LATEST", f"indexes/{version}/manifest.json"}
     for key in ("WIKIRAG_STORE", *seaweed.server.env()):
