@@ -7,7 +7,8 @@ task files (or cloze questions drawn from the index's own passages) -> dataset g
 -> the torchrun job (N DDP processes; rank 0 logs loss, dev loss and the loss curve into the run)
 -> the fine-tuned model evaluated on dev -> predictions gate (GX) -> logged as wikirag's MLflow
 flavor (weights, config and checksums: data), its index version pinned, registered, and promoted
-to ``champion`` only if it beats the current champion by ``margin`` (else ``challenger``).
+to ``champion`` only if it beats its own zero-shot start on dev and the current champion by ``margin`` (else
+``challenger``): a first version that loses to the model it started from is no champion.
 
 Everything comes in as parameters; ``deployed_finetune`` (the deployment's entry point) reads
 the worker's settings once.
@@ -78,14 +79,15 @@ def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
 
 @task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAccess, task_kind: str, metric: str,
-                   value: float, margin: float, print_: str) -> Any:
-    """Log the fine-tuned model as data into the run, pin its index, register it, gate its promotion."""
+                   value: float, margin: float, print_: str, baseline: float) -> Any:
+    """Log the fine-tuned model as data into the run, pin its index, register it, gate its promotion (``baseline``:
+    the zero-shot start's value of ``metric``, which it must beat)."""
     folder = scratch_dir("wikirag-register-")
     try:
         model.save_pretrained(folder)
         uri = log_rag_model(tracking_uri, run_id, folder, store_url=store.url, index_version=model.index_version)
         promotion = register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
-                             store=store.store(), index_version=model.index_version)
+                             store=store.store(), index_version=model.index_version, baseline=baseline)
         MlflowClient(tracking_uri=tracking_uri).set_model_version_tag(promotion.name, promotion.version,
                                                                        FINGERPRINT_TAG, print_)
         return promotion
@@ -147,7 +149,8 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
         gate_predictions(request.task, dev_examples, evaluation.predictions)
         record_evaluation(tracking_uri, run_id, evaluation, prefix="dev", step=result.final_step)
         metric, value = evaluation.headline
-        promotion = register_model(tracking_uri, run_id, model, store, request.task, metric, value, margin, print_)
+        promotion = register_model(tracking_uri, run_id, model, store, request.task, metric, value, margin, print_,
+                                   baseline.headline[1])
     except BaseException:
         finish_run(tracking_uri, run_id, failed=True)
         raise
