@@ -155,15 +155,19 @@ class PeakRss:
 def rank_memory(retriever, parameters: int, per_rank_batch: int, n_docs: int) -> list[tuple[str, float, float, str]]:
     """(what, bytes held by one rank for 21M passages when it loads its own IndexRetriever, bytes when it retrieves
     through the Dask-held index, how)."""
-    from rag_core.index.faiss_index import HNSW_EXTRA_BYTES, HNSW_M, choose_factory
+    from rag_core.capacity.plan import index_bytes_per_vector
+    from rag_core.index.embedding_files import EmbedConfig
+    from rag_core.index.faiss_index import IndexConfig
 
     dim, rows = retriever.index.dim, retriever.index.ntotal
     columns = sum(col.nbytes for shard in retriever.index._columns for col in shard.values()) / rows
-    factory = choose_factory(FULL_WIKIPEDIA, dim)
-    faiss_bytes = 4 * dim + 8 * HNSW_M + HNSW_EXTRA_BYTES if factory.startswith("HNSW32") else 4 * dim
+    shards = EmbedConfig().num_shards(FULL_WIKIPEDIA)  # what a default rebuild of 21M passages cuts them into
+    factory = IndexConfig().resolve_factory(FULL_WIKIPEDIA // shards, dim, total_vectors=FULL_WIKIPEDIA, shards=shards)
+    faiss_bytes = index_bytes_per_vector(factory, dim)
     n, found = FULL_WIKIPEDIA, per_rank_batch * n_docs
-    return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, 0, (f"{factory} (the auto rule at 21M, no "
-             f"budget): {faiss_bytes} B/passage at d={dim}; with Dask: on the workers")),
+    return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, 0, (f"{factory}, {shards} shards (the auto rule "
+             f"for a default rebuild of 21M, no budget): {faiss_bytes:.0f} B/passage at d={dim}; with Dask: on the "
+             "workers")),
             ("passage ids, titles, texts (`ShardedIndex._columns`, Arrow)", n * columns, found * columns,
              (f"{columns:.0f} B/passage, measured on these {rows} sample passages; with Dask: the {found} passages "
               f"of a micro-batch ({per_rank_batch} questions x {n_docs})")),
