@@ -161,8 +161,9 @@ def rank_memory(retriever, parameters: int, per_rank_batch: int, n_docs: int) ->
 
     dim, rows = retriever.index.dim, retriever.index.ntotal
     columns = sum(col.nbytes for shard in retriever.index._columns for col in shard.values()) / rows
-    shards = EmbedConfig().num_shards(FULL_WIKIPEDIA)  # what a default rebuild of 21M passages cuts them into
-    factory = IndexConfig().resolve_factory(FULL_WIKIPEDIA // shards, dim, total_vectors=FULL_WIKIPEDIA, shards=shards)
+    # the index a default rebuild of 21M passages plans (rag_core.index.plan), not a hypothetical single shard
+    shards = EmbedConfig().num_shards(FULL_WIKIPEDIA)
+    factory = IndexConfig().resolve_factory(FULL_WIKIPEDIA, dim, total_vectors=FULL_WIKIPEDIA, shards=shards)
     faiss_bytes = index_bytes_per_vector(factory, dim)
     n, found = FULL_WIKIPEDIA, per_rank_batch * n_docs
     return [("FAISS shards (`ShardedIndex.shards`)", n * faiss_bytes, 0, (f"{factory}, {shards} shards (the auto rule "

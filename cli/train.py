@@ -115,7 +115,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     config_option(tune, "--eval-precision", FinetuneRequest, "eval_precision", "evaluation arithmetic (default "
                   "{default}; auto: bf16 autocast where native, as the main job)", keep_default=True)
     config_option(tune, "--margin", PromotionGate, "margin", "promotion gate: beat the champion's dev metric by "
-                  "this much (default {default})", keep_default=True)
+                  "this much (default {default}); a version that does not beat its own zero-shot start is never "
+                  "champion", keep_default=True)
     tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "
                       "from the same recipe, data and index (by default it is reused)")
     add_store(tune)

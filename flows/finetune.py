@@ -8,7 +8,7 @@ task files (or cloze questions drawn from the index's own passages) -> dataset g
 -> the fine-tuned model evaluated on dev -> predictions gate (GX) -> logged as wikirag's MLflow
 flavor (weights, config and checksums: data), its index version pinned, registered, and promoted
 to ``champion`` only if it beats its own zero-shot start on dev and the current champion by ``margin`` (else
-``challenger``): a first version that loses to the model it started from is no champion.
+``challenger``): a first version that does not beat the model it started from is no champion.
 
 Everything comes in as parameters; ``deployed_finetune`` (the deployment's entry point) reads
 the worker's settings once.

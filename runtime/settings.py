@@ -49,6 +49,8 @@ def quiet_environment() -> None:
 # A store that is down for a few seconds (a restart, a failover) is ridden through; one that stays down ends the
 # command with one line within a bounded time. See docs/operations.md, "Storage outage", for the figures.
 STORE_RETRIES = 7
+# a rerun waits up to 6 hours for another run's lease (tasks.leases.WAIT_S); a longer ttl would outlast that wait
+LEASE_TTL_MAX_S = 6 * 3600.0
 S3_CONNECT_TIMEOUT_S = 5
 S3_READ_TIMEOUT_S = 30  # silence on an open connection; a frozen server costs this much per attempt
 
@@ -80,14 +82,15 @@ class StoreAccess(BaseModel):
     """Where the store is and how to reach S3: what a flow needs from the settings, passed as its parameter.
 
     A plain string is a store URL with no S3 options (a local folder, or S3
-    with credentials from boto's own sources). Prefect records ``s3_options``
+    with credentials from boto's own sources) and the default lease ttl. Prefect records ``s3_options``
     as ``**********``: credentials never reach the run's stored parameters.
     """
 
     url: str = Field(description="store URL: a path, file://..., or s3://bucket/prefix")
     s3_options: Secret[dict[str, Any]] = Field(default_factory=lambda: Secret({}),
                                                description="fsspec options for every s3:// URL (credentials, endpoint)")
-    lease_ttl_s: float = Field(DEFAULT_TTL_S, ge=5, description="ttl of the build leases a flow takes on this store")
+    lease_ttl_s: float = Field(DEFAULT_TTL_S, ge=5, le=LEASE_TTL_MAX_S,
+                               description="ttl written into the build leases a flow takes on this store")
 
     @model_validator(mode="before")
     @classmethod
@@ -127,10 +130,12 @@ class Settings(Switches):
     store_retries: int = Field(STORE_RETRIES, ge=0, le=10,
                                description="retries of a failed S3 request (timeouts, 5xx, throttling, connection "
                                            "refused or reset), with exponential backoff and jitter")
-    lease_ttl_s: float = Field(DEFAULT_TTL_S, ge=5, le=24 * 3600,
-                               description="seconds after a build's last heartbeat (one every ttl/4) before another "
-                                           "run takes its lease over: how long a rerun waits after a build that "
-                                           "could not release it (killed, or its store unreachable)")
+    lease_ttl_s: float = Field(DEFAULT_TTL_S, ge=5, le=LEASE_TTL_MAX_S,
+                               description="ttl written into each build lease this process takes: seconds after the "
+                                           "lease's last heartbeat (one every ttl/4) before another run may take it "
+                                           "over, which a rerun after a killed build waits. Keep it above the store's "
+                                           "retry window (71 s at 7 retries): a heartbeat that rides out a longer "
+                                           "store outage would find its lease taken")
 
     # The standard AWS variables, read without the prefix.
     aws_access_key_id: str | None = Field(None, validation_alias="AWS_ACCESS_KEY_ID")

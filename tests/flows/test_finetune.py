@@ -54,8 +54,8 @@ def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, 
     assert tuned.returncode == 0, tuned.stderr[-4000:]
     outcome = json.loads(tuned.stdout.strip().splitlines()[-1])
     assert outcome["task"] == "nq" and outcome["steps"] == 3
-    # A random tiny generator answers no NQ question before or after 3 steps: the first version of wikirag-nq does
-    # not beat its zero-shot start, so it is registered but not promoted (a first version is no champion by default).
+    # A random tiny generator answers none of these 6 NQ questions before or after 3 steps: a tie, so the first
+    # version of wikirag-nq does not beat its zero-shot start and is registered as challenger, not champion.
     assert outcome["zero_shot"] == outcome["fine_tuned"] == 0.0 and outcome["alias"] == "challenger"
     assert outcome["reason"] == "em 0.0000 does not beat its zero-shot start's 0.0000: kept as challenger"
     assert outcome["index_version"] == version

@@ -302,18 +302,24 @@ def test_services_run_the_deployments_on_real_engines(services: Services, wiki: 
                             "--watch", "--watch-timeout", "400"],
                            env=client_env, cwd=ROOT, capture_output=True, text=True, timeout=450)
     assert tuned.returncode == 0 and "Completed" in tuned.stdout, tuned.stdout[-3000:]
-    consumer = ("import json, mlflow; m = mlflow.pyfunc.load_model('models:/wikirag-cloze@champion'); "
+    # version 1 by number: champion only if it beat its zero-shot start, which a random tiny generator may not
+    consumer = ("import json, mlflow; m = mlflow.pyfunc.load_model('models:/wikirag-cloze/1'); "
                 "print(json.dumps(m.predict(['Who was Achilles?'])))")
     loaded = subprocess.run([sys.executable, "-c", consumer], env=client_env, cwd=tmp_path, capture_output=True,
                             text=True, timeout=300)  # a fresh process, from the MLflow server and S3
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     answer = json.loads(loaded.stdout.strip().splitlines()[-1])[0]
     assert answer["question"] == "Who was Achilles?" and len(answer["provenance"]) == 2
-    champion = json.loads(subprocess.run(
-        [sys.executable, "-c", "import json; from mlflow import MlflowClient; v = MlflowClient()"
-         ".get_model_version_by_alias('wikirag-cloze', 'champion'); print(json.dumps(dict(v.tags)))"],
-        env=client_env, capture_output=True, text=True, timeout=120).stdout)
-    assert champion["index_version"] == version and champion["store"] == "s3://wikirag/store"
+    read = subprocess.run(
+        [sys.executable, "-c", "import json; from mlflow import MlflowClient; c = MlflowClient(); "
+         "v = c.get_model_version('wikirag-cloze', '1'); m = c.get_run(v.run_id).data.metrics; "
+         "print(json.dumps({'tags': dict(v.tags), 'aliases': list(v.aliases), 'metrics': m}))"],
+        env=client_env, capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr[-3000:]
+    registered = json.loads(read.stdout.strip().splitlines()[-1])
+    assert registered["tags"]["index_version"] == version and registered["tags"]["store"] == "s3://wikirag/store"
+    beat = registered["metrics"]["dev_em"] > registered["metrics"]["zero_shot_em"]
+    assert registered["aliases"] == ["champion" if beat else "challenger"], registered
 
     # checked last: the server's scheduler wakes every 60 s, so the deployment runs above overlap that wait
     query = {"deployments": {"id": {"any_": [deployments["index-rebuild-enwiki"]["id"]]}},
