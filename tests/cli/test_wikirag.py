@@ -109,6 +109,17 @@ def test_store_access_keeps_credentials_out_of_what_is_recorded(monkeypatch: pyt
     assert StoreAccess.model_validate("/a/local/store") == StoreAccess(url="/a/local/store")
 
 
+def test_the_lease_ttl_reaches_the_flows_store_access_and_a_bad_one_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    assert Settings().store_access().lease_ttl_s == StoreAccess(url="x").lease_ttl_s == 120.0  # the default
+    monkeypatch.setenv("WIKIRAG_LEASE_TTL_S", "30")
+    assert Settings().store_access().lease_ttl_s == 30.0
+    for bad, why in (("1", "greater than or equal to 5"), ("86400", "less than or equal to 21600")):
+        monkeypatch.setenv("WIKIRAG_LEASE_TTL_S", bad)
+        assert main(["indexes", "--store", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == f"wikirag: error: Settings: field 'lease_ttl_s': Input should be {why}\n"
+
+
 def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) -> None:
     from cli.wikirag import short_run_fields
     from rag_core.train.jobs import ShortRun
