@@ -23,6 +23,7 @@ from rag_core.capacity.plan import (
 from rag_core.errors import DumpError
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import EncoderConfig
+from rag_core.index.faiss_index import IndexConfig
 from rag_core.wiki.dumps import DumpSource
 from rag_core.wiki.multistream import iter_shard_pages, plan_shards, read_index
 from rag_core.wiki.passages import passages_from_pages
@@ -101,6 +102,9 @@ def test_worker_memory_picks_a_smaller_index_and_more_shards() -> None:
     assert roomy.passages == tight.passages == 20_000_000
     # no memory limit: the sharded version's fast-scan lists, searched as one index by whoever holds them
     assert roomy.factory.startswith("IVF") and roomy.factory.endswith(",PQ192x4fs,RFlat")
+    # the very factory the rebuild resolves for that version (its IVF lists sized by its training sample)
+    rebuilt = IndexConfig().resolve_factory(20_000_000, 384, total_vectors=20_000_000, shards=roomy.shards)
+    assert roomy.factory == rebuilt, (roomy.factory, rebuilt)
     assert tight.factory != roomy.factory and tight.disk_bytes["index"] < roomy.disk_bytes["index"]
     assert tight.worker_memory_bytes <= 2.0 * GB < roomy.worker_memory_bytes
     # serving search, each of the 4 workers holds a quarter of the codes and raw vectors
