@@ -33,11 +33,11 @@ texts = [" ".join(words[(i + j) % len(words)] for j in range(60 + 3 * i)) for i 
 titles = [f"Passage {i}" for i in range(32)]
 encoder.encode_passages(titles, texts)  # the first call grows the heap to its peak
 faults = []
-for _ in range(3):  # the median of three repeats: one call's count swings with where the allocator's heap top lies
+for _ in range(5):  # the median of five repeats: one call's count swings with where the allocator's heap top lies
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     encoder.encode_passages(titles, texts)
     faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / len(texts))
-print(json.dumps({"tuned": keep_freed_memory(), "faults": sorted(faults)[1]}))
+print(json.dumps({"tuned": keep_freed_memory(), "faults": sorted(faults)[2]}))
 """
 
 
@@ -54,13 +54,14 @@ def _encode_faults(env: dict[str, str] | None = None, *args: str) -> dict:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_a_tuned_process_reuses_freed_memory_instead_of_faulting_pages_in_again() -> None:
-    """Encoding the same 32 passages again (median of 3 repeats): page faults per passage with glibc's adaptive
-    thresholds (process tuning off: 1,100-1,500 measured; one lone call once 426) against those of a process started
-    tuned (0-32 measured; its first repeat alone up to 255)."""
+    """Encoding the same 32 passages again (median of 5 repeats): page faults per passage with glibc's adaptive
+    thresholds (process tuning off: 1,100-1,500 measured; one lone call once 426; a median of 3 once 509) against
+    those of a process started tuned (0-32 measured; its first repeat alone up to 255; a median of 3 once 89 on a
+    loaded CI machine). A process whose tuning did not take faults as often as the adaptive one (ratio ~1)."""
     adaptive, tuned = _encode_faults({"WIKIRAG_PROCESS_TUNING": "off"}), _encode_faults()
     assert not adaptive["tuned"] and tuned["tuned"]
     assert adaptive["faults"] > 300, adaptive
-    assert tuned["faults"] < 0.1 * adaptive["faults"], (tuned, adaptive)
+    assert tuned["faults"] < 0.25 * adaptive["faults"], (tuned, adaptive)
     # Dask's nanny default is not a user's choice and is overridden; any other malloc variable wins.
     assert _encode_faults({"MALLOC_TRIM_THRESHOLD_": "65536"}, "flag-only")["tuned"]
     assert not _encode_faults({"MALLOC_TOP_PAD_": "131072"}, "flag-only")["tuned"]
