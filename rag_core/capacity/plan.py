@@ -43,7 +43,6 @@ from rag_core.index.faiss_index import (
     PQ_SUBQUANTIZERS,
     IndexBuildError,
     IndexConfig,
-    choose_factory,
     fast_scan_bytes,
 )
 
@@ -166,10 +165,9 @@ def predict(dump: str, pages: int, dump_bytes: int, rates: Rates, budget: Budget
     memory = None if budget.worker_memory_gb is None else budget.worker_memory_gb * GB
     index_budget = None if memory is None else max(1, int(w * (memory - WORKER_BASE_BYTES)))
     try:
-        if factory == "auto":
-            # trained on the rebuild's own sample size, as IndexConfig.resolve_factory sizes the IVF lists
-            factory = choose_factory(passages, rates.dim, index_budget, shards=embed.num_shards(passages),
-                                     train_vectors=min(passages, IndexConfig().train_sample), fast_scan=rates.fast_scan)
+        # the rebuild's own rule (its IVF lists sized by its training sample), asked as the rebuild asks it
+        factory = IndexConfig(factory=factory, memory_budget_bytes=index_budget).resolve_factory(
+            passages, rates.dim, total_vectors=passages, shards=embed.num_shards(passages), fast_scan=rates.fast_scan)
         per_vector = index_bytes_per_vector(factory, rates.dim)
     except IndexBuildError:  # not even the smallest tier fits: size it as that tier, the memory check refuses
         factory, per_vector = NO_FACTORY, PQ_SUBQUANTIZERS[-1] + IVF_ID_BYTES
