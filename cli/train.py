@@ -118,7 +118,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "this much (default {default}); a version that does not beat its own zero-shot start is never "
                   "champion", keep_default=True)
     tune.add_argument("--force", action="store_true", help="train again even when a registered version was made "
-                      "from the same recipe, data and index (by default it is reused)")
+                      "from the same recipe, data, index and margin (by default it is reused)")
     add_store(tune)
     tune.set_defaults(func=cmd_finetune)
 

@@ -130,9 +130,10 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     config = config.model_copy(update={"output": output or
                                        f"runs/{request.task}/{index_version}/{trajectory_key(config)}"})
     print_ = fingerprint(config, f"{request.eval_examples}|{request.max_new_tokens}|{request.decoding}|"
-                                 f"{request.eval_precision}")
+                                 f"{request.eval_precision}", margin)
     if not force and (done := registered_with(tracking_uri, request.task, print_)) is not None:
-        log.info("%s: reusing wikirag-%s v%s (trained from the same recipe, data and index; force=True retrains)",
+        log.info("%s: reusing wikirag-%s v%s (trained and gated from the same recipe, data, index and margin; "
+                 "force=True retrains)",
                  request.task, request.task, done["model_version"])
         return FinetuneOutcome(task=request.task, index_version=index_version, examples_per_s=None, dev=dev_url,
                                **done)

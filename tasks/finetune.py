@@ -45,11 +45,16 @@ def cloze_files(store: Store, index_version: str, config: ClozeConfig) -> tuple[
 
 
 FINGERPRINT_TAG = "wikirag.fingerprint"
+# The promotion rule's revision (PromotionGate): 2 = a version must also beat its own zero-shot start.
+GATE_RULE = 2
 
 
-def fingerprint(config: TrainConfig, evaluation: str) -> str:
-    """What decides a registered model: the recipe (files, index version, generator, seed...) and its evaluation."""
-    return hashlib.sha256(f"{config.model_dump_json()}|{evaluation}".encode()).hexdigest()[:16]
+def fingerprint(config: TrainConfig, evaluation: str, margin: float) -> str:
+    """What decides a registered model and its alias: the recipe (files, index version, generator, seed...), its
+    evaluation, and the gate that placed it (:data:`GATE_RULE`, ``margin``). A rerun with another margin, or
+    after the rule changed, trains and gates anew instead of reusing a decision the gate would not make now."""
+    key = f"{config.model_dump_json()}|{evaluation}|gate {GATE_RULE}, margin {float(margin)!r}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @task
@@ -72,7 +77,7 @@ def registered_with(tracking_uri: str, task_kind: str, print_: str) -> dict[str,
     return {"run_id": version.run_id, "metric": metric, "fine_tuned": float(version.tags["dev_metric_value"]),
             "zero_shot": run.data.metrics.get(f"zero_shot_{metric}", float("nan")),
             "model_version": str(version.version), "alias": ",".join(version.aliases) or "none",
-            "reason": f"reused: same recipe, data and index as v{version.version}",
+            "reason": f"reused: same recipe, data, index and margin as v{version.version}",
             "steps": int(run.data.params.get("max_steps", 0))}
 
 
