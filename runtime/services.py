@@ -39,11 +39,11 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.process_groups import stop_process_group
+from runtime.process_groups import stop_process_group, stop_process_groups
 from runtime.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCredentials, ServicesError, TlsFiles,
                                        exec_seaweedfs, memory_file)
 from runtime.service_health import (answers, bucket_ready, dask_workers_up, mlflow_accepts, port_free,
@@ -256,20 +256,35 @@ def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
     return [records[s.name] for s in planned]
 
 
+def stop_waves(names: Sequence[str]) -> list[list[str]]:
+    """``names`` in the waves ``down`` stops them in: a service only after every service that needs it."""
+    left, waves = list(reversed(names)), []
+    while left:
+        wave = [name for name in left if not any(spec(other).needs == name for other in left)]
+        if not wave:
+            raise ServicesError(f"services {left} need each other: no order to stop them in")
+        waves.append(wave)
+        left = [name for name in left if name not in wave]
+    return waves
+
+
 def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
-    """Stop the recorded services, last started first; returns the names stopped."""
+    """Stop the recorded services, each after the ones that need it (a wave of them at once: ``services down``
+    waits for the slowest of a wave, not for the sum of all); returns the names stopped."""
     stopped = []
-    for name in reversed(ORDER):
-        record = read_record(home, name)
-        if record is None:
-            continue
-        if still_running(record):
-            stop_process_group(record["pid"])
-            stopped.append(name)
-            progress(f"{name}: stopped (pid {record['pid']})")
-        else:
-            progress(f"{name}: was not running")
-        remove_record(home, name)
+    records = {name: record for name in ORDER if (record := read_record(home, name)) is not None}
+    for wave in stop_waves(ORDER):
+        running = [name for name in wave if name in records and still_running(records[name])]
+        stop_process_groups([records[name]["pid"] for name in running])
+        for name in wave:
+            if name not in records:
+                continue
+            if name in running:
+                stopped.append(name)
+                progress(f"{name}: stopped (pid {records[name]['pid']})")
+            else:
+                progress(f"{name}: was not running")
+            remove_record(home, name)
     return stopped
 
 
