@@ -37,6 +37,21 @@ LONGEST_FIRST = ("flows/test_storage_outage.py", "flows/test_fresh_knowledge.py"
                  "runtime/test_services.py", "flows/test_stopping.py")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's share of the cores as its threads, here and in the commands it starts.
+
+    Two workers each running torch's and FAISS's OpenMP pools of one thread per core oversubscribe a 2-core machine,
+    and spinning threads then wait for cores the other worker holds (measured: tests/rag_core/perf and model with
+    -n 2, 100 s as found, 85 s with one thread per worker). A user's own OMP_NUM_THREADS is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        import torch
+
+        torch.set_num_threads(share)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in the order a scheduler of --dist loadfile should start them: the longest, then the other slow ones,
     then the rest (pyproject's --no-loadscope-reorder keeps this order instead of xdist's by number of tests)."""
