@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     from rag_core.storage import Store
     from rag_core.train.cloze import ClozeConfig, cloze_examples
     from rag_core.train.examples import Example, Provenance, write_examples
-    from rag_core.train.recipe import TrainConfig, run
+    from rag_core.train.recipe import run
+    from rag_core.train.train_config import TrainConfig
     from runtime.default_generator import resolve_generator
     from runtime.prefect_server import prefect_api
     from runtime.settings import Settings, StoreAccess

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rag_core.storage import Store
     from rag_core.train.jobs import TRAINED_BLOCKS
-    from rag_core.train.recipe import TrainConfig
+    from rag_core.train.train_config import TrainConfig
     from runtime.default_generator import resolve_generator
     from runtime.settings import quiet_environment
 

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     info = RunInfo.start(argv if argv is None else [sys.argv[0], *argv])
     from runtime.settings import quiet_environment
-    from rag_core.train.recipe import TrainConfig
+    from rag_core.train.train_config import TrainConfig
 
     quiet_environment()
     inputs = build_inputs(args.work.resolve(), args.corpus)

@@ -219,7 +219,7 @@ def main() -> int:
     from rag_core.model.generators import GeneratorConfig
     from rag_core.model.rag_model import RagConfig, RagModel
     from rag_core.model.retriever import IndexRetriever
-    from rag_core.train.recipe import TrainConfig
+    from rag_core.train.train_config import TrainConfig
     from tasks.adapters.torchrun_launcher import launch_training
 
     quiet_environment()

@@ -134,7 +134,8 @@ def main() -> int:
     from rag_core.storage import Store
     from rag_core.train.checkpoints import load_model
     from rag_core.train.generated_qa import GeneratedQAConfig
-    from rag_core.train.recipe import TrainConfig, initial_model, run, trajectory_key, warmup_steps
+    from rag_core.train.recipe import initial_model, run
+    from rag_core.train.train_config import TrainConfig, trajectory_key, warmup_steps
     from rag_core.train.tracking import MemoryLogger
 
     torch.set_num_threads(args.threads)

@@ -53,7 +53,7 @@ def main_job_inputs(root: Path, args):
     (``args.steps`` steps, 1 thread, no checkpoints); ``args``: :func:`add_input_arguments`' flags and ``steps``."""
     from rag_core.train.jobs import ShortRun
     from rag_core.index.encoders import default_encoder_config
-    from rag_core.train.recipe import TrainConfig
+    from rag_core.train.train_config import TrainConfig
 
     short = ShortRun()
     store, _, task, generator, described = build_inputs(root, args, default_encoder_config())

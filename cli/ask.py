@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from cli.options import add_store, config_option
-from rag_core.train.recipe import TrainConfig
+from rag_core.train.train_config import TrainConfig
 from runtime.settings import Settings
 
 

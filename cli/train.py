@@ -10,7 +10,7 @@ from cli.options import add_nproc, add_store, config_option, train_layers
 from rag_core.errors import WikiragError
 from rag_core.train.jobs import TRAINED_BLOCKS, FinetuneRequest, PromotionGate
 from rag_core.train.loaders import TASK_KINDS
-from rag_core.train.recipe import TrainConfig
+from rag_core.train.train_config import TrainConfig
 from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")

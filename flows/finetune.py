@@ -27,7 +27,7 @@ from flows.generated_qa import generated_qa_files
 from rag_core.index.versions import read_index_manifest
 from rag_core.train.jobs import DDP_PROCESSES, PROMOTION_MARGIN, FinetuneRequest
 from rag_core.train.memory_plan import check_training_memory
-from rag_core.train.recipe import TrainConfig, trajectory_key
+from rag_core.train.train_config import TrainConfig, trajectory_key
 from runtime.process_tuning import start_process
 from runtime.settings import Settings, StoreAccess, quiet_environment
 from tasks.adapters.mlflow_registry import log_rag_model, register

@@ -14,7 +14,8 @@ from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
 from rag_core.train.cloze import ClozeConfig, cloze_task
 from rag_core.train.examples import examples_jsonl
-from rag_core.train.recipe import TrainConfig, TrainResult, initial_model
+from rag_core.train.recipe import initial_model
+from rag_core.train.train_config import TrainConfig, TrainResult
 from tasks.adapters.torchrun_launcher import launch_training
 
 CLOZE_DIR = "tasks/cloze"  # on the store: one folder per passage set and cloze config

@@ -119,7 +119,7 @@ def plan_memory(config: Any, index_manifest: Any | None, generator_dir: Path, en
                 world_size: int, precision: str) -> MemoryPlan:
     """The estimate for one rank of ``world_size`` running ``config`` (a TrainConfig); ``index_manifest``: the
     IndexManifest each rank loads, or None when a Dask cluster holds the index."""
-    from rag_core.train.recipe import micro_steps
+    from rag_core.train.train_config import micro_steps
 
     generator, encoder = tensor_shapes(generator_dir), tensor_shapes(encoder_dir)
     model_config = json.loads((generator_dir / "config.json").read_text())

@@ -3,12 +3,12 @@
     torchrun --standalone --nproc-per-node 2 -m tasks.adapters.torchrun_launcher --config CONFIG.json \\
         [--store URL] [--dask-address ADDRESS] [--tracking-uri URI (--run-id ID | --experiment NAME)] [--result FILE]
 
-Each process reads the config (a :class:`rag_core.train.recipe.TrainConfig` as JSON), its rank
+Each process reads the config (a :class:`rag_core.train.train_config.TrainConfig` as JSON), its rank
 from torchrun's environment, and the store and its credentials from the environment through
 :class:`runtime.settings.Settings` (WIKIRAG_STORE, AWS_*): the edge that reads it. Rank 0 logs
 into MLflow: into the existing run ``--run-id`` (its creator owns it and ends it), or, given only
 ``--experiment``, into a new run it ends itself; other ranks log nothing. Rank 0 writes
-``--result`` (the :class:`~rag_core.train.recipe.TrainResult` as JSON) when the run is done.
+``--result`` (the :class:`~rag_core.train.train_config.TrainResult` as JSON) when the run is done.
 
 Retrieval: with ``--dask-address`` every rank retrieves through that Dask cluster, whose workers
 hold the index version's shards and stored vectors once for the whole job
@@ -146,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet_environment()
     args = parse_args(argv)
-    from rag_core.train.recipe import Distributed, TrainConfig, run
+    from rag_core.train.recipe import run
+    from rag_core.train.train_config import Distributed, TrainConfig
 
     distributed = Distributed.from_environ(os.environ)
     # the launcher stamps each line with its time; faiss's loader would log five lines per process
@@ -222,11 +223,11 @@ def launch_training(config: Any, nproc: int = 1, tracking_uri: str | None = None
     retrieves through the index held once by that Dask cluster (module docstring). The job runs in its own
     process group, stopped when this process gets SIGTERM or dies, or when it runs past ``timeout`` seconds
     (wall clock; :class:`TrainingJobError` then says so in one line); its output is logged here line by
-    line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.recipe.TrainResult`; a failed job
+    line (logger ``wikirag.train``). Returns the :class:`~rag_core.train.train_config.TrainResult`; a failed job
     raises :class:`TrainingJobError` with the log's last lines.
     """
     from runtime.process_tuning import rank_environment, without_dask_trim
-    from rag_core.train.recipe import TrainResult
+    from rag_core.train.train_config import TrainResult
 
     if nproc < 1:
         raise TrainingJobError(f"nproc must be at least 1, got {nproc}")

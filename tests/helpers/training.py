@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from rag_core.train.checkpoints import step_folder
-from rag_core.train.recipe import TrainConfig
+from rag_core.train.train_config import TrainConfig
 
 
 def make_config(tiny: SimpleNamespace, output: str, **fields) -> TrainConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rag_core.train.recipe import TrainConfig
+from rag_core.train.train_config import TrainConfig
 from tasks.finetune import GATE_RULE, fingerprint
 
 

@@ -36,7 +36,8 @@ def main(spec_file: str) -> int:
     import torch
     from torch import distributed as dist
 
-    from rag_core.train.recipe import Distributed, TrainConfig, run
+    from rag_core.train.recipe import run
+    from rag_core.train.train_config import Distributed, TrainConfig
 
     spec = json.loads(Path(spec_file).read_text())
     where = Distributed.from_environ(os.environ)

@@ -25,7 +25,7 @@ from rag_core.train.memory_plan import (
     tensor_shapes,
     trained_count,
 )
-from rag_core.train.recipe import TrainConfig
+from rag_core.train.train_config import TrainConfig
 from runtime.process_groups import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[3]

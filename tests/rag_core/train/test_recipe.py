@@ -14,16 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from rag_core.train.checkpoints import CheckpointError, latest_checkpoint, load_model, read_checkpoint, step_folder
-from rag_core.train.recipe import (
-    Distributed,
-    TrainConfig,
-    TrainConfigError,
-    lr_factor,
-    warmup_steps,
-    micro_positions,
-    run,
-    trajectory_key,
-)
+from rag_core.train.recipe import run
+from rag_core.train.train_config import Distributed, TrainConfig, TrainConfigError, lr_factor, warmup_steps, micro_positions, trajectory_key
 from rag_core.train.tracking import MemoryLogger
 from tests.helpers.training import gradients, make_config, max_difference, parameters
 
