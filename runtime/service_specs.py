@@ -129,6 +129,8 @@ class ServiceSpec:
     passes_on: tuple[str, ...] = ()  # client credentials it hands its tasks when given (none is required)
     environment: Mapping[str, str] = field(default_factory=dict)  # other settings the engine needs, no secret
     needs: str | None = None  # the service that must answer before this one starts
+    # the services its work calls while it runs (flow runs write to MLflow and S3...): `down` stops it before them
+    uses: tuple[str, ...] = ()
     identities_in_memory: bool = False  # S3 identities handed over as a file in memory (runtime.services seaweedfs)
 
     def argv(self, placement: Placement) -> list[str]:
@@ -213,11 +215,11 @@ SPECS: dict[str, ServiceSpec] = {s.name: s for s in (  # in start order
                 credentials={"PREFECT_API_AUTH_STRING": "PREFECT_API_AUTH_STRING", **_STORE_IDENTITY,
                              "MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
                              "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"},
-                needs="prefect"),
+                needs="prefect", uses=("s3", "mlflow", "dask")),
     ServiceSpec("dask", "dask-scheduler", _dask_scheduler, ports=("dask_port", "dask_dashboard_port"),
                 health=Health("dask_port"), environment=_REQUIRE_TLS),
     ServiceSpec("dask-workers", "dask-worker", _dask_workers, passes_on=("PREFECT_API_AUTH_STRING",),
-                environment=_REQUIRE_TLS, needs="dask"),
+                environment=_REQUIRE_TLS, needs="dask", uses=("s3", "prefect")),
 )}
 
 

@@ -257,10 +257,12 @@ def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
 
 
 def stop_waves(names: Sequence[str]) -> list[list[str]]:
-    """``names`` in the waves ``down`` stops them in: a service only after every service that needs it."""
+    """``names`` in the waves ``down`` stops them in: a service only after every service that needs it to start
+    or uses it while running (a Prefect worker's flow runs still write to MLflow and S3 as they stop)."""
     left, waves = list(reversed(names)), []
     while left:
-        wave = [name for name in left if not any(spec(other).needs == name for other in left)]
+        wave = [name for name in left
+                if not any(spec(other).needs == name or name in spec(other).uses for other in left)]
         if not wave:
             raise ServicesError(f"services {left} need each other: no order to stop them in")
         waves.append(wave)
@@ -269,22 +271,29 @@ def stop_waves(names: Sequence[str]) -> list[list[str]]:
 
 
 def down(home: Path, progress: Callable[[str], None] = log.info) -> list[str]:
-    """Stop the recorded services, each after the ones that need it (a wave of them at once: ``services down``
-    waits for the slowest of a wave, not for the sum of all); returns the names stopped."""
-    stopped = []
-    records = {name: record for name in ORDER if (record := read_record(home, name)) is not None}
+    """Stop the recorded services in :func:`stop_waves` (a wave at once: ``services down`` waits for the slowest
+    of a wave, not for the sum of all); returns the names stopped. An unreadable record is reported after
+    every other service is stopped."""
+    stopped, unreadable = [], []
     for wave in stop_waves(ORDER):
-        running = [name for name in wave if name in records and still_running(records[name])]
-        stop_process_groups([records[name]["pid"] for name in running])
+        records = {}
         for name in wave:
-            if name not in records:
-                continue
+            try:
+                if (record := read_record(home, name)) is not None:
+                    records[name] = record
+            except ServicesError as exc:
+                unreadable.append(str(exc))
+        running = [name for name in records if still_running(records[name])]
+        stop_process_groups([records[name]["pid"] for name in running])
+        for name, record in records.items():
             if name in running:
                 stopped.append(name)
-                progress(f"{name}: stopped (pid {records[name]['pid']})")
+                progress(f"{name}: stopped (pid {record['pid']})")
             else:
                 progress(f"{name}: was not running")
             remove_record(home, name)
+    if unreadable:
+        raise ServicesError("; ".join(unreadable))
     return stopped
 
 
