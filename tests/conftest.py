@@ -42,10 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     Two workers each running torch's and FAISS's OpenMP pools of one thread per core oversubscribe a 2-core machine,
     and spinning threads then wait for cores the other worker holds (measured: tests/rag_core/perf and model with
-    -n 2, 100 s as found, 85 s with one thread per worker). A user's own OMP_NUM_THREADS is kept."""
+    -n 2, 100 s as found, 85 s with one thread per worker). A user's own OMP_NUM_THREADS is kept. Set before the
+    tests import FAISS, whose OpenMP pool reads it then."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        share = max(1, (os.cpu_count() or 1) // workers)
+        share = max(1, len(os.sched_getaffinity(0)) // workers)  # the cores this process may use
         os.environ["OMP_NUM_THREADS"] = str(share)
         import torch
 

@@ -44,6 +44,7 @@ def test_workers_keep_glibcs_adaptive_malloc_and_dasks_other_defaults(monkeypatc
 
     # As an earlier plain Dask cluster of this process leaves it (its nanny exports its variables and keeps them)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", DASK_TRIM_DEFAULT)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # tests/conftest.py's share of the cores: Dask must set it
 
     with BoundedLocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                              dashboard_address=None) as cluster, Client(cluster) as client:
