@@ -444,3 +444,32 @@ def test_the_image_holds_every_package() -> None:
     for package in (p.rstrip("*") for p in include):
         if (ROOT / package / "__init__.py").is_file():
             assert f"COPY {package} {package}" in dockerfile, f"infra/Dockerfile: COPY {package} {package}"
+
+
+def _python_modules(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-m"]
+
+
+def test_every_python_module_a_manifest_runs_is_a_command_and_the_training_recipe_is_a_train_config() -> None:
+    """A `-m MODULE` in a container's command must be a module that runs as a program (it once named the recipe's
+    library module, which has no main), and the training Job's recipe must validate before a pod is scheduled."""
+    import importlib.util
+
+    from rag_core.train.train_config import TrainConfig
+
+    commands = [c.get("command", []) + c.get("args", []) for doc in _k8s_docs() for c in _containers(doc)]
+    commands += [s["command"] for s in _compose()["services"].values() if isinstance(s.get("command"), list)]
+    modules = {m for argv in commands for m in _python_modules(argv)}
+    assert "tasks.adapters.torchrun_launcher" in modules
+    for module in modules:
+        found = importlib.util.find_spec(module)
+        assert found is not None and found.origin, f"{module}: no such module"
+        main = (Path(found.origin).with_name("__main__.py") if found.submodule_search_locations
+                else Path(found.origin))
+        assert main.exists() and 'if __name__ == "__main__"' in main.read_text() or main.name == "__main__.py", \
+            f"{module}: runs nothing as a program"
+    recipes = [doc for doc in _k8s_docs() if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] ==
+               "wikirag-train-recipe"]
+    assert len(recipes) == 1
+    config = TrainConfig.model_validate_json(recipes[0]["data"]["train.json"])
+    assert config.task == "nq" and config.output == "runs/nq"
