@@ -101,8 +101,8 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
                   force: bool = False, dask_address: str | None = None) -> FinetuneOutcome:
     """One task: data, gate, zero-shot baseline, training, evaluation, registry (module docstring).
 
-    A model already registered from the same recipe, data, index version and evaluation is reused
-    (training is deterministic) unless ``force``."""
+    A model already registered from the same recipe, data, index version, evaluation and gate (margin and
+    rule: tasks.finetune.fingerprint) is reused (training is deterministic) unless ``force``."""
     log = get_run_logger()
     target = store.store()
     if request.train is None and request.task == "generated-qa":  # the index's own, made once (flows/generated_qa.py)

@@ -11,7 +11,8 @@ zero-shot model, when none beat it) answers a few questions with provenance -> p
 summary (also a Prefect artifact).
 
 A second run reuses what exists: the published passages, vectors and generated QA of an
-unchanged dump, a model registered from the same recipe, data and index version, and its gate.
+unchanged dump, a model registered from the same recipe, data, index version and gate margin, and
+the test-question gate made for it.
 """
 
 from __future__ import annotations

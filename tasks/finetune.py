@@ -46,7 +46,8 @@ def cloze_files(store: Store, index_version: str, config: ClozeConfig) -> tuple[
 
 
 FINGERPRINT_TAG = "wikirag.fingerprint"
-# The promotion rule's revision (PromotionGate): 2 = a version must also beat its own zero-shot start.
+# The revision of the promotion rule (tasks.adapters.mlflow_registry.gate): 2 = a version must also beat its own
+# zero-shot start. Raise it with any change to gate(), so versions placed by the old rule are not reused.
 GATE_RULE = 2
 
 

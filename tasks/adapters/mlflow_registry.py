@@ -122,7 +122,7 @@ def gate(name: str, metric: str, value: float, margin: float, champion_version: 
          champion_value: float | None, baseline: float | None = None) -> tuple[str, str]:
     """``(alias, reason)`` for a new version of ``name`` scoring ``value``: champion when it beats its zero-shot
     ``baseline`` (when given; strictly) and the current champion's value by ``margin`` (or there is none), else
-    challenger."""
+    challenger. A change to this rule raises tasks.finetune.GATE_RULE (rerun versions are then placed anew)."""
     if baseline is not None and value <= baseline:
         return CHALLENGER, (f"{metric} {value:.4f} does not beat its zero-shot start's {baseline:.4f}: "
                             "kept as challenger")

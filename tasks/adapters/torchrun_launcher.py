@@ -92,7 +92,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tasks.adapters.torchrun_launcher",
                                      description="the fine-tuning recipe "
                                      "(run it under torchrun; one process without)")
-    parser.add_argument("--config", required=True, help="TrainConfig as JSON (rag_core.train.recipe)")
+    parser.add_argument("--config", required=True, help="a file holding a TrainConfig as JSON "
+                        "(rag_core.train.train_config)")
     parser.add_argument("--store", help="store URL (default: WIKIRAG_STORE, else <WIKIRAG_HOME>/store)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI; rank 0 logs there")
     parser.add_argument("--run-id", help="an existing MLflow run to log into (the caller ends it)")

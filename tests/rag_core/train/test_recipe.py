@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 
 from rag_core.train.checkpoints import CheckpointError, latest_checkpoint, load_model, read_checkpoint, step_folder
 from rag_core.train.recipe import run
-from rag_core.train.train_config import Distributed, TrainConfig, TrainConfigError, lr_factor, warmup_steps, micro_positions, trajectory_key
 from rag_core.train.tracking import MemoryLogger
+from rag_core.train.train_config import (Distributed, TrainConfig, TrainConfigError, lr_factor, micro_positions,
+                                         trajectory_key, warmup_steps)
 from tests.helpers.training import gradients, make_config, max_difference, parameters
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
