@@ -41,9 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, each worker's share of the cores as its threads, here and in the commands it starts.
 
     Two workers each running torch's and FAISS's OpenMP pools of one thread per core oversubscribe a 2-core machine,
-    and spinning threads then wait for cores the other worker holds (measured: tests/rag_core/perf and model with
-    -n 2, 100 s as found, 85 s with one thread per worker). A user's own OMP_NUM_THREADS is kept. Set before the
-    tests import FAISS, whose OpenMP pool reads it then."""
+    and spinning threads then wait for cores the other worker holds. A user's own OMP_NUM_THREADS is kept. Set
+    before the tests import FAISS, whose OpenMP pool reads it then."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         share = max(1, len(os.sched_getaffinity(0)) // workers)  # the cores this process may use

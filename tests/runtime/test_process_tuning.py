@@ -55,9 +55,9 @@ def _encode_faults(env: dict[str, str] | None = None, *args: str) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_a_tuned_process_reuses_freed_memory_instead_of_faulting_pages_in_again() -> None:
     """Encoding the same 32 passages again (median of 5 repeats): page faults per passage with glibc's adaptive
-    thresholds (process tuning off: 1,100-1,500 measured; one lone call once 426; a median of 3 once 509) against
-    those of a process started tuned (0-32 measured; its first repeat alone up to 255; a median of 3 once 89 on a
-    loaded CI machine). A process whose tuning did not take faults as often as the adaptive one (ratio ~1)."""
+    thresholds (process tuning off) against those of a process started tuned. Load on the machine moves both
+    counts, so the bound is a ratio with room for it; a process whose tuning did not take faults as often as the
+    adaptive one (ratio ~1)."""
     adaptive, tuned = _encode_faults({"WIKIRAG_PROCESS_TUNING": "off"}), _encode_faults()
     assert not adaptive["tuned"] and tuned["tuned"]
     assert adaptive["faults"] > 300, adaptive
