@@ -22,6 +22,14 @@ Read = Callable[[Sequence[tuple[str, str, str]]], list[str]]
 
 def generator_reader(path: str, max_new_tokens: int = 16) -> Read:
     """A :data:`Read` that prompts the decoder-only generator at ``path`` with one passage per question."""
+    replies = generator_replies(path, max_new_tokens)
+    return lambda items: [short for _, short in replies(items)]
+
+
+def generator_replies(path: str, max_new_tokens: int = 16) -> Callable[[Sequence[tuple[str, str, str]]],
+                                                                     list[tuple[str, str]]]:
+    """Like :func:`generator_reader`, but each answer comes with the reply it was cut from (its first line,
+    lead-in included: what the generator itself says; ``bench/train_choice_bench.py`` trains on such replies)."""
     import torch
 
     from rag_core.model.extract import short_answer
@@ -34,19 +42,20 @@ def generator_reader(path: str, max_new_tokens: int = 16) -> Read:
     model.eval()
     family = DecoderOnlyFamily(model, tokenizer, max_answer_length=max_new_tokens)
 
-    def read(items: Sequence[tuple[str, str, str]]) -> list[str]:
-        answers = []
+    def replies(items: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
+        out = []
         for question, title, text in items:
             ids = tokenizer(family.prompt(question, title, text), return_tensors="pt").input_ids
             with torch.inference_mode():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                     do_sample=False, eos_token_id=family.stop_token_ids,
-                                     pad_token_id=family.pad_token_id)
-            reply = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-            answers.append(short_answer(reply, question))
-        return answers
+                generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                           do_sample=False, eos_token_id=family.stop_token_ids,
+                                           pad_token_id=family.pad_token_id)
+            # the stop rule ends a reply at its first token holding a line break, which may carry a word after it
+            reply = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True).strip().split("\n")[0]
+            out.append((reply.strip(), short_answer(reply, question)))
+        return out
 
-    return read
+    return replies
 
 
 def reader_agrees(answer: str, read: str) -> bool:

@@ -263,6 +263,27 @@ def test_a_reader_that_does_not_give_the_answer_back_drops_the_pair(index, tmp_p
     assert counts["reader_disagrees"] == len(retrieved)
 
 
+def test_the_readers_replies_are_its_first_lines_and_its_answers_their_short_spans(index, tmp_path: Path,
+                                                                                   one_torch_thread) -> None:
+    """generator_replies gives each reply's first line beside its short answer; generator_reader, the same
+    answers alone (a real tiny random decoder-only generator, greedy, so both calls decode alike)."""
+    from rag_core.model.extract import short_answer
+    from rag_core.train.generated_qa_reader import generator_replies
+    from tests.helpers.generatorfiles import save_tiny_llama
+
+    store, search = index
+    pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)[:4]
+    items = [(p["question"], title, text) for p, (_, title, text) in
+             zip(pairs, (hits[0] for hits in search([p["question"] for p in pairs], 1)), strict=True)]
+    path = str(save_tiny_llama(tmp_path / "llama"))
+    said = generator_replies(path, max_new_tokens=6)(items)
+    assert len(said) == len(items)
+    for (question, _, _), (reply, short) in zip(items, said, strict=True):
+        assert "\n" not in reply and reply == reply.strip()
+        assert short == short_answer(reply, question)
+    assert generator_reader(path, max_new_tokens=6)(items) == [short for _, short in said]
+
+
 def test_the_dataset_key_names_the_recipe_and_the_held_out_items() -> None:
     from rag_core.train.generated_qa_store import dataset_key
 
