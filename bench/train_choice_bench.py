@@ -11,8 +11,12 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
 - **dev score**: the fine-tuned model on the real questions' **dev** split
   (rag_core.evaluate.real_questions: written + NQ-open/WebQuestions/CuratedTrec answerable from the
   sample; the test split is never read here), first ``--real-dev`` questions, fast decoding,
-  ``--answer-tokens`` answer tokens (default: the main job's), bf16 autocast where native: EM and answer-in-output; the zero-shot start
-  (no fine-tune) is the first row;
+  ``--answer-tokens`` answer tokens (default: the main job's), bf16 autocast where native: EM and
+  answer-in-output; the zero-shot start (no fine-tune) is the first row;
+- **train pairs**: the training examples the candidate read. Most candidates train on the main job's
+  data; ``reader-check`` turns the round trip's reader half on (PAQ's consistency filter), and
+  ``self-targets`` / ``self-replies`` keep only the pairs the zero-shot reader answers from their best
+  passage and train on its own words (its short answer, or its whole first line, lead-in included);
 - **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
   of half the batch: about the same time on 2 cores).
 
@@ -49,12 +53,46 @@ CANDIDATES = {
     "lr-5e-5": {"lr": 5e-5},
     "lr-5e-5-blocks-8": {"lr": 5e-5, "train_generator_layers": 8},
     "blocks-all": {"train_generator_layers": None},
+    # PAQ's round trip with the reader half on: the generator must also answer the pair from its best passage
+    "reader-check": {"reader": "generator"},
+    "lr-1e-6": {"lr": 1e-6},
+    "lr-3e-6": {"lr": 3e-6},
+    "lr-1e-5": {"lr": 1e-5},
+    # targets in the reader's own words: each pair the zero-shot reader answers from its best passage, as it said it
+    "self-targets": {"self_targets": True},
+    "self-targets-lr-5e-5": {"self_targets": True, "lr": 5e-5},
+    "self-replies": {"self_targets": "reply"},
+    "self-replies-lr-5e-5": {"self_targets": "reply", "lr": 5e-5},
 }
+
+
+def self_targets(store, version: str, urls: tuple[str, str], generator: str, whole: bool) -> tuple[str, str]:
+    """The pairs of ``urls`` that the zero-shot reader answers (its short answer holds the pair's) from their
+    best passage, with its short answer (``whole``: its reply's first line) as the target; written beside them."""
+    import json
+
+    from rag_core.train.generated_qa_reader import generator_replies, reader_agrees
+    from rag_core.train.generated_qa_store import index_search
+
+    search, replies = index_search(store, version), generator_replies(generator)
+    out = []
+    for url in urls:
+        rows = [json.loads(line) for line in Path(url).read_text().splitlines()]
+        best = [hits[0] for hits in search([r["input"] for r in rows], 1)]
+        said = replies([(r["input"], title, text) for r, (_, title, text) in zip(rows, best, strict=True)])
+        kept = [{**r, "targets": [reply if whole else short]} for r, (reply, short) in zip(rows, said, strict=True)
+                if reader_agrees(r["targets"][0], short)]
+        path = Path(url).with_name(("replies-" if whole else "answers-") + Path(url).name)
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        print(f"# self targets: {len(kept)} of {len(rows)} pairs of {Path(url).name}", file=sys.stderr)
+        out.append(str(path))
+    return out[0], out[1]
 
 
 def generated_pairs(store, version: str, held, folder: Path, config) -> tuple[str, str, dict]:
     """Train and dev files of generated QA made with ``config`` (a GeneratedQAConfig), and its counts."""
     from rag_core.train.generated_qa import merge_shards, pair_examples, shard_pairs, shard_rows
+    from rag_core.train.generated_qa_reader import generator_reader
     from rag_core.train.generated_qa_store import index_search
     from rag_core.index.versions import read_index_manifest
     from rag_core.train.examples import write_examples
@@ -62,10 +100,11 @@ def generated_pairs(store, version: str, held, folder: Path, config) -> tuple[st
 
     passages = read_passages(store, read_index_manifest(store, version).dump_id)
     search = index_search(store, version)
+    read = generator_reader(config.generator) if config.reader == "generator" else None
     parts = []
     for shard in range(config.shards):
         start, stop = shard_rows(passages.num_rows, shard, config.shards)
-        parts.append(shard_pairs(passages.slice(start, stop - start), shard, search, held, config))
+        parts.append(shard_pairs(passages.slice(start, stop - start), shard, search, held, config, read))
     table, counts = merge_shards(parts, config)
     folder.mkdir(parents=True, exist_ok=True)
     urls = [write_examples(pair_examples(table, split), str(folder / f"{split}.jsonl")) for split in ("train", "dev")]
@@ -151,6 +190,7 @@ def main() -> int:
 
         def data(fields: dict) -> tuple[str, str, dict]:
             """The generated QA of the GeneratedQAConfig fields among ``fields`` (made once per config)."""
+            fields = {**fields, "generator": generator} if fields.get("reader") == "generator" else fields
             config = GeneratedQAConfig(**{k: v for k, v in fields.items() if k in GeneratedQAConfig.model_fields})
             key = config.model_dump_json()
             if key not in datasets:
@@ -163,12 +203,15 @@ def main() -> int:
         start = initial_model(TrainConfig(task="generated-qa", train=train, generator=generator, n_docs=2,
                                           max_context_length=160), retriever)
         start.eval()
-        em, found = dev_score(start, examples, "zero-shot", args.answer_tokens) if examples and not args.skip_zero_shot else (math.nan, math.nan)
-        rows.append(("zero-shot (no fine-tune)", "2", "", "", "", "", "", "", f"{em:.3f}", f"{found:.3f}", ""))
+        scored = examples and not args.skip_zero_shot
+        em, found = dev_score(start, examples, "zero-shot", args.answer_tokens) if scored else (math.nan, math.nan)
+        rows.append(("zero-shot (no fine-tune)", "", "2", "", "", "", "", "", "", f"{em:.3f}", f"{found:.3f}", ""))
         print("#", rows[-1], file=sys.stderr)
         for name in names:
             fields = {**MAIN, **CANDIDATES[name]}
             train, dev, _ = data(fields)  # the table's Data line gives MAIN's counts
+            if mode := fields.pop("self_targets", False):
+                train, dev = self_targets(store, version, (train, dev), generator, mode == "reply")
             fields = {k: v for k, v in fields.items() if k not in GeneratedQAConfig.model_fields}
             config = TrainConfig(task="generated-qa", train=train, dev=dev, generator=generator, index_version=version,
                                  max_context_length=160, checkpoint_every=0, max_dev_examples=args.dev_examples,
@@ -185,7 +228,9 @@ def main() -> int:
             em, found = dev_score(model, examples, name, args.answer_tokens) if examples else (math.nan, math.nan)
             head, tail = result.losses[:5], result.losses[-5:]
             dev_before, dev_after = result.dev_losses[0][1], result.dev_losses[-1][1]
-            rows.append((name, str(n_docs), str(batch), str(steps), "all" if blocks is None else str(blocks),
+            pairs = len(Path(train).read_text().splitlines())
+            rows.append((name, str(pairs), str(n_docs), str(batch), str(steps),
+                         "all" if blocks is None else str(blocks),
                          f"{lr:g}, warm-up {warmup_steps(config)}", f"{sum(head) / len(head):.2f} → "
                          f"{sum(tail) / len(tail):.2f}", f"{dev_before:.2f} → {dev_after:.2f}", f"{em:.3f}",
                          f"{found:.3f}", f"{seconds:.0f}"))
@@ -205,10 +250,16 @@ def markdown(info, args, counts: dict, examples: list, rows: list[tuple[str, ...
               f"SmolLM2-135M-Instruct, linear decay after warm-up, 1 process, {args.threads} torch threads. Dev "
               f"loss: {args.dev_examples} generated dev pairs. Dev score: the first {len(examples)} real dev "
               f"questions (test split untouched), fast decoding, {args.answer_tokens} answer tokens."), "",
-             "| settings | n_docs | batch | steps | blocks trained | lr | train loss (first 5 → last 5 steps) | "
-             "dev loss (start → end) | dev EM | dev answer-in-output | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|",
+             "| settings | train pairs | n_docs | batch | steps | blocks trained | lr | train loss (first 5 → last 5 "
+             "steps) | dev loss (start → end) | dev EM | dev answer-in-output | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|",
              *("| " + " | ".join(r) + " |" for r in rows)]
+    start, tuned = rows[0], rows[1:]
+    if tuned and start[-3] != "nan":
+        best = max(tuned, key=lambda r: (float(r[-3]), float(r[-2])))
+        em, found = (100 * (float(best[i]) - float(start[i])) for i in (-3, -2))
+        lines += ["", f"Best fine-tune against its zero-shot start: {best[0]}, EM {em:+.1f} points, "
+                      f"answer-in-output {found:+.1f} points (the goal is +10 each, on test)."]
     return "\n".join(lines) + "\n"
 
 
