@@ -22,6 +22,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance, TaskDataError, examples_jsonl
 from rag_core.model.retriever import RetrieverError
 from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, Search, pair_examples
-from rag_core.train import question_rules, sentence_views, verb_forms
+from rag_core.train import generated_qa_reader, question_rules, sentence_views, verb_forms
 from rag_core.train.readers import json_array_records, jsonl_records, read_text, tsv_rows
 
 DATASET_DIR = ("tasks", KIND)
@@ -106,11 +107,17 @@ def index_search(store: Store, index_version: str) -> Search:
     return search
 
 
+def key_modules(config: GeneratedQAConfig) -> tuple[ModuleType, ...]:
+    """The modules whose code decides which pairs ``config`` makes: an edit to one makes another dataset, never
+    reuses the old one (the rules ask the questions; with the reader check on, the reader drops pairs)."""
+    rules = (question_rules, sentence_views, verb_forms)
+    return rules if config.reader == "off" else (*rules, generated_qa_reader)
+
+
 def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:
     """12 hex digits naming the recipe, the question rules and the held-out items the pairs were filtered against."""
-    # These modules decide the questions: an edited rule set makes another dataset, never reuses the old one.
     digest = hashlib.sha256(config.model_dump_json().encode())
-    for module in (question_rules, sentence_views, verb_forms):
+    for module in key_modules(config):
         digest.update(Path(module.__file__).read_bytes())
     for item in sorted(held.questions) + sorted("\t".join(p) for p in held.answer_places):
         digest.update(item.encode() + b"\n")

@@ -291,3 +291,12 @@ def test_the_dataset_key_names_the_recipe_and_the_held_out_items() -> None:
     assert base == dataset_key(GeneratedQAConfig(), HeldOut())
     assert base != dataset_key(GeneratedQAConfig(top_k=3), HeldOut())
     assert base != dataset_key(GeneratedQAConfig(), HeldOut(questions=frozenset({"who wrote hamlet"})))
+
+
+def test_the_reader_code_is_part_of_the_dataset_key_only_when_the_reader_check_is_on() -> None:
+    from rag_core.train import generated_qa_reader, question_rules
+    from rag_core.train.generated_qa_store import key_modules
+
+    assert question_rules in key_modules(GeneratedQAConfig())
+    assert generated_qa_reader not in key_modules(GeneratedQAConfig())
+    assert generated_qa_reader in key_modules(GeneratedQAConfig(reader="generator", generator="smollm2"))
