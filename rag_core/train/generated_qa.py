@@ -67,6 +67,10 @@ class GeneratedQAConfig(BaseModel):
     # The rules find dates far more often than people ask for them (on the sample: 56% of kept pairs ask When,
     # 3 of the 50 real dev questions do); a reader trained on that mix answers other questions with years.
     when_share: float = Field(0.2, gt=0.0, le=1.0)  # kept pairs asking "When ..." at most this share (1: no cap)
+    # A third of the rules' pairs answer with the page's own subject ("Who vetoed only four bills?" -> Lincoln, read
+    # from Lincoln's page), while real questions name the subject and ask for something else ("Who killed Achilles?").
+    # Trained on that mix, the reader answers with the subject of the passage it reads: with the question's own words.
+    subject_share: float = Field(1.0, ge=0.0, le=1.0)  # kept pairs answered by their page's subject at most this share
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,11 @@ def merge_shards(parts: Sequence[ShardPairs], config: GeneratedQAConfig) -> tupl
         seen.add(key)
     table = table.filter(pa.array(keep, pa.bool_()))
     counts["duplicate"] = len(keep) - table.num_rows
-    table = _cap_when(table, config.when_share, counts)
+    subject = [names_subject(a, t) for a, t in zip(*(table.column(c).to_pylist() for c in ("answer", "title")),
+                                                      strict=True)]
+    table = _cap(table, subject, config.subject_share, counts, "subject_capped")
+    table = _cap(table, [q.startswith("When ") for q in table.column("question").to_pylist()], config.when_share,
+                 counts, "when_capped")
     counts["kept"] = table.num_rows
     held = dev_pages(table.column("page_id").to_pylist(), ClozeConfig(seed=config.seed,
                                                                       dev_fraction=config.dev_fraction))
@@ -193,17 +201,26 @@ def merge_shards(parts: Sequence[ShardPairs], config: GeneratedQAConfig) -> tupl
     return table.append_column("split", pa.array(split, pa.string())), counts
 
 
-def _cap_when(table: pa.Table, share: float, counts: Counter[str]) -> pa.Table:
-    """``table`` with its "When ..." questions thinned, evenly over its rows, to at most ``share`` of the rows
-    left; ``counts["when_capped"]``: how many went."""
-    when = [q.startswith("When ") for q in table.column("question").to_pylist()]
-    total = sum(when)
-    room = total if share >= 1.0 else min(total, math.floor(share * (len(when) - total) / (1.0 - share) + 1e-9))
+def names_subject(answer: str, title: str) -> bool:
+    """Whether ``answer`` names the subject of the page ``title``: shares a word of four letters or more with the
+    title, its parenthesised qualifier left out ("Lincoln" of "Abraham Lincoln", "Asia" of "Asia")."""
+    subject = {w for w in normalize_answer(title.split(" (")[0]).split() if len(w) >= 4}
+    return bool(subject & set(normalize_answer(answer).split()))
+
+
+def _cap(table: pa.Table, flagged: list[bool], share: float, counts: Counter[str], name: str) -> pa.Table:
+    """``table`` with its ``flagged`` rows thinned, evenly over its rows, to at most ``share`` of the rows left;
+    ``counts[name]``: how many went."""
+    total = sum(flagged)
+    if share >= 1.0:
+        room = total
+    else:
+        room = min(total, math.floor(share * (len(flagged) - total) / (1.0 - share) + 1e-9))
     keep, i = [], 0
-    for is_when in when:
-        keep.append(not is_when or (i + 1) * room // total > i * room // total)  # room of total, spread out
-        i += is_when
-    counts["when_capped"] = len(keep) - sum(keep)
+    for is_flagged in flagged:
+        keep.append(not is_flagged or (i + 1) * room // total > i * room // total)  # room of total, spread out
+        i += is_flagged
+    counts[name] = len(keep) - sum(keep)
     return table.filter(pa.array(keep, pa.bool_()))
 
 

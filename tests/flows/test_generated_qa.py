@@ -50,7 +50,8 @@ def test_the_stage_publishes_once_reuses_it_and_leaks_no_dev_question(
     assert first["url"].startswith(str(store / "tasks" / "generated-qa" / version))
     counts = first["counts"]
     assert counts["candidates"] == (counts["held_out"] + counts["not_retrieved"] + counts["answer_not_in_top1"]
-                                    + counts["kept"] + counts["duplicate"] + counts["when_capped"])
+                                    + counts["kept"] + counts["duplicate"] + counts["when_capped"]
+                                    + counts["subject_capped"])
     assert counts["kept"] > 20 and counts["not_retrieved"] + counts["answer_not_in_top1"] > 0
 
     # What was published: parts with offsets that check out against the passages, and train/dev files of the

@@ -17,6 +17,7 @@ from rag_core.train.generated_qa import (
     ShardPairs,
     candidate_pairs,
     merge_shards,
+    names_subject,
     round_trip,
     shard_pairs,
     shard_rows,
@@ -234,6 +235,38 @@ def test_merge_thins_when_questions_to_their_share_and_keeps_every_other(index) 
                                               strict=True) if not w)
     whole, counts = merge_shards([part], GeneratedQAConfig(when_share=1.0))
     assert whole.num_rows == part.table.num_rows and counts["when_capped"] == 0
+
+
+@pytest.mark.parametrize(("answer", "title", "subject"), [
+    ("Lincoln", "Abraham Lincoln", True),
+    ("Abraham Lincoln", "Abraham Lincoln", True),
+    ("Asia", "Asia", True),
+    ("Julia MacRae Books", "Animalia (book)", False),  # the qualifier is not the subject
+    ("Original Georgian alphabet", "Alphabet", True),
+    ("Bank of America", "Foreign relations of Angola", False),  # "of" is no name
+    ("Portuguese", "Demographics of Angola", False),
+    ("1809", "Abraham Lincoln", False),
+])
+def test_an_answer_names_its_pages_subject_when_it_shares_a_word_of_the_title(answer: str, title: str,
+                                                                            subject: bool) -> None:
+    assert names_subject(answer, title) is subject
+
+
+def test_merge_thins_pairs_answered_by_their_pages_subject(index) -> None:
+    store, search = index
+    part = shard_pairs(read_passages(store, "gqa"), 0, search, HeldOut(), GeneratedQAConfig())
+    rows = part.table.to_pylist()
+    subject = [r["question"] for r in rows if names_subject(r["answer"], r["title"])]
+    others = [r["question"] for r in rows if not names_subject(r["answer"], r["title"])]
+    assert subject and others  # the sample's passages give both kinds
+
+    table, counts = merge_shards([part], GeneratedQAConfig(subject_share=0.0, when_share=1.0))
+    assert sorted(table.column("question").to_pylist()) == sorted(others) and counts["subject_capped"] == len(subject)
+    table, counts = merge_shards([part], GeneratedQAConfig(subject_share=0.25, when_share=1.0))
+    kept = [r for r in table.to_pylist() if names_subject(r["answer"], r["title"])]
+    assert len(kept) == min(len(subject), len(others) // 3) and counts["subject_capped"] == len(subject) - len(kept)
+    whole, counts = merge_shards([part], GeneratedQAConfig(when_share=1.0))
+    assert whole.num_rows == part.table.num_rows and counts["subject_capped"] == 0
 
 
 @pytest.mark.parametrize(("answer", "read", "agrees"), [
