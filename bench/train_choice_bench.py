@@ -14,9 +14,13 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
   ``--answer-tokens`` answer tokens (default: the main job's), bf16 autocast where native: EM and
   answer-in-output; the zero-shot start (no fine-tune) is the first row;
 - **train pairs**: the training examples the candidate read. Most candidates train on the main job's
-  data; ``reader-check`` turns the round trip's reader half on (PAQ's consistency filter), and
+  data; ``reader-check`` turns the round trip's reader half on (PAQ's consistency filter);
   ``self-targets`` / ``self-replies`` keep only the pairs the zero-shot reader answers from their best
   passage and train on its own words (its short answer, or its whole first line, lead-in included);
+  ``self-form`` / ``self-lead`` keep every pair and train on the reader's reply with the pair's answer in
+  place of its own (``self-lead``: cut after the answer); ``subject-*`` thin the pairs answered by their
+  page's own subject (``GeneratedQAConfig.subject_share``); ``asking-subject`` keeps only the pairs whose
+  question names its page's subject;
 - **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
   of half the batch: about the same time on 2 cores).
 
@@ -63,16 +67,49 @@ CANDIDATES = {
     "self-targets-lr-5e-5": {"self_targets": True, "lr": 5e-5},
     "self-replies": {"self_targets": "reply"},
     "self-replies-lr-5e-5": {"self_targets": "reply", "lr": 5e-5},
+    # pairs answered by their page's own subject thinned (GeneratedQAConfig.subject_share)
+    "subject-0": {"subject_share": 0.0},
+    "subject-0.1": {"subject_share": 0.1},
+    "subject-0-lr-1e-5": {"subject_share": 0.0, "lr": 1e-5},
+    "subject-0-lr-5e-5": {"subject_share": 0.0, "lr": 5e-5},
+    # every pair, its target the zero-shot reader's reply with the pair's answer in place of its own
+    "self-form": {"self_targets": "form"},
+    "self-form-lr-5e-5": {"self_targets": "form", "lr": 5e-5},
+    "self-form-subject-0-lr-5e-5": {"self_targets": "form", "subject_share": 0.0, "lr": 5e-5},
+    "self-lead": {"self_targets": "lead"},
+    "self-lead-lr-5e-5": {"self_targets": "lead", "lr": 5e-5},
+    "self-lead-subject-0-lr-5e-5": {"self_targets": "lead", "subject_share": 0.0, "lr": 5e-5},
+    "self-lead-subject-0-lr-2e-5": {"self_targets": "lead", "subject_share": 0.0, "lr": 2e-5},
+    "self-lead-subject-0-per-passage-6-lr-5e-5": {"self_targets": "lead", "subject_share": 0.0, "per_passage": 6,
+                                                  "lr": 5e-5},
+    "self-lead-subject-0-frozen-qe-lr-5e-5": {"self_targets": "lead", "subject_share": 0.0,
+                                              "train_question_encoder": False, "lr": 5e-5},
+    # only the pairs shaped like real questions about a page: the question names the page's subject, the answer not
+    "asking-subject": {"asking_subject": True},
+    "asking-subject-lr-5e-5": {"asking_subject": True, "lr": 5e-5},
+    "asking-subject-lead-lr-5e-5": {"asking_subject": True, "self_targets": "lead", "lr": 5e-5},
 }
 
 
-def self_targets(store, version: str, urls: tuple[str, str], generator: str, whole: bool) -> tuple[str, str]:
-    """The pairs of ``urls`` that the zero-shot reader answers (its short answer holds the pair's) from their
-    best passage, with its short answer (``whole``: its reply's first line) as the target; written beside them."""
+def self_targets(store, version: str, urls: tuple[str, str], generator: str, mode: str) -> tuple[str, str]:
+    """Targets in the zero-shot reader's own words, written beside ``urls``; it reads each pair's question with its
+    best passage. ``mode``: "answer" / "reply" keep the pairs it answers (its short answer holds the pair's) with
+    its short answer / its reply's first line as the target; "form" keeps every pair, with the target its reply in
+    which its short answer is swapped for the pair's ("The capital of Algeria is Algiers."; the bare answer
+    where the reply does not hold its short answer); "lead" the same, cut after the answer (what a reply
+    cut at its token limit says there is noise)."""
     import json
 
     from rag_core.train.generated_qa_reader import generator_replies, reader_agrees
     from rag_core.train.generated_qa_store import index_search
+
+    def form(reply: str, short: str, answer: str) -> str:
+        at = reply.find(short) if short else -1
+        if at < 0:
+            return answer
+        if mode == "lead":  # a sentence when it has a lead-in; a bare answer stays bare
+            return reply[:at] + answer + ("." if at else "")
+        return reply[:at] + answer + reply[at + len(short):]
 
     search, replies = index_search(store, version), generator_replies(generator)
     out = []
@@ -80,11 +117,36 @@ def self_targets(store, version: str, urls: tuple[str, str], generator: str, who
         rows = [json.loads(line) for line in Path(url).read_text().splitlines()]
         best = [hits[0] for hits in search([r["input"] for r in rows], 1)]
         said = replies([(r["input"], title, text) for r, (_, title, text) in zip(rows, best, strict=True)])
-        kept = [{**r, "targets": [reply if whole else short]} for r, (reply, short) in zip(rows, said, strict=True)
-                if reader_agrees(r["targets"][0], short)]
-        path = Path(url).with_name(("replies-" if whole else "answers-") + Path(url).name)
+        if mode in ("form", "lead"):
+            kept = [{**r, "targets": [form(reply, short, r["targets"][0])]}
+                    for r, (reply, short) in zip(rows, said, strict=True)]
+        else:
+            kept = [{**r, "targets": [reply if mode == "reply" else short]}
+                    for r, (reply, short) in zip(rows, said, strict=True) if reader_agrees(r["targets"][0], short)]
+        path = Path(url).with_name(f"{mode}-{Path(url).name}")
         path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        print(f"# self targets: {len(kept)} of {len(rows)} pairs of {Path(url).name}", file=sys.stderr)
+        print(f"# self targets ({mode}): {len(kept)} of {len(rows)} pairs of {Path(url).name}", file=sys.stderr)
+        for r in kept[:12]:
+            print(f"#T {mode} | {r['input']} | {r['targets'][0]!r}", file=sys.stderr)
+        out.append(str(path))
+    return out[0], out[1]
+
+
+def asking_subject(urls: tuple[str, str]) -> tuple[str, str]:
+    """The pairs of ``urls`` shaped like real questions about a page: the question names its page's subject and
+    the answer does not ("What is the official language of Angola?" from Angola's page), written beside them."""
+    import json
+
+    from rag_core.train.generated_qa import names_subject
+
+    out = []
+    for url in urls:
+        rows = [json.loads(line) for line in Path(url).read_text().splitlines()]
+        kept = [r for r in rows if (title := r["provenance"][0]["title"]) and names_subject(r["input"], title)
+                and not names_subject(r["targets"][0], title)]
+        path = Path(url).with_name("asking-subject-" + Path(url).name)
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        print(f"# asking the subject: {len(kept)} of {len(rows)} pairs of {Path(url).name}", file=sys.stderr)
         out.append(str(path))
     return out[0], out[1]
 
@@ -210,8 +272,11 @@ def main() -> int:
         for name in names:
             fields = {**MAIN, **CANDIDATES[name]}
             train, dev, _ = data(fields)  # the table's Data line gives MAIN's counts
+            if fields.pop("asking_subject", False):
+                train, dev = asking_subject((train, dev))
             if mode := fields.pop("self_targets", False):
-                train, dev = self_targets(store, version, (train, dev), generator, mode == "reply")
+                train, dev = self_targets(store, version, (train, dev), generator,
+                                          "answer" if mode is True else mode)
             fields = {k: v for k, v in fields.items() if k not in GeneratedQAConfig.model_fields}
             config = TrainConfig(task="generated-qa", train=train, dev=dev, generator=generator, index_version=version,
                                  max_context_length=160, checkpoint_every=0, max_dev_examples=args.dev_examples,

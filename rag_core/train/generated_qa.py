@@ -67,7 +67,7 @@ class GeneratedQAConfig(BaseModel):
     # The rules find dates far more often than people ask for them (on the sample: 56% of kept pairs ask When,
     # 3 of the 50 real dev questions do); a reader trained on that mix answers other questions with years.
     when_share: float = Field(0.2, gt=0.0, le=1.0)  # kept pairs asking "When ..." at most this share (1: no cap)
-    # A third of the rules' pairs answer with the page's own subject ("Who vetoed only four bills?" -> Lincoln, read
+    # Many of the rules' pairs answer with the page's own subject ("Who vetoed only four bills?" -> Lincoln, read
     # from Lincoln's page), while real questions name the subject and ask for something else ("Who killed Achilles?").
     # Trained on that mix, the reader answers with the subject of the passage it reads: with the question's own words.
     subject_share: float = Field(1.0, ge=0.0, le=1.0)  # kept pairs answered by their page's subject at most this share
