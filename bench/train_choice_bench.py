@@ -96,8 +96,8 @@ def self_targets(store, version: str, urls: tuple[str, str], generator: str, mod
     best passage. ``mode``: "answer" / "reply" keep the pairs it answers (its short answer holds the pair's) with
     its short answer / its reply's first line as the target; "form" keeps every pair, with the target its reply in
     which its short answer is swapped for the pair's ("The capital of Algeria is Algiers."; the bare answer
-    where the reply does not hold its short answer); "lead" the same, cut after the answer (what a reply
-    cut at its token limit says there is noise)."""
+    where the reply does not hold its short answer); "lead" the same, cut after the answer (what follows it
+    in a reply cut at its token limit is noise)."""
     import json
 
     from rag_core.train.generated_qa_reader import generator_replies, reader_agrees
