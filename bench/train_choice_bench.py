@@ -63,8 +63,8 @@ CANDIDATES = {
     "lr-3e-6": {"lr": 3e-6},
     "lr-1e-5": {"lr": 1e-5},
     # targets in the reader's own words: each pair the zero-shot reader answers from its best passage, as it said it
-    "self-targets": {"self_targets": True},
-    "self-targets-lr-5e-5": {"self_targets": True, "lr": 5e-5},
+    "self-targets": {"self_targets": "answer"},
+    "self-targets-lr-5e-5": {"self_targets": "answer", "lr": 5e-5},
     "self-replies": {"self_targets": "reply"},
     "self-replies-lr-5e-5": {"self_targets": "reply", "lr": 5e-5},
     # pairs answered by their page's own subject thinned (GeneratedQAConfig.subject_share)
@@ -275,8 +275,7 @@ def main() -> int:
             if fields.pop("asking_subject", False):
                 train, dev = asking_subject((train, dev))
             if mode := fields.pop("self_targets", False):
-                train, dev = self_targets(store, version, (train, dev), generator,
-                                          "answer" if mode is True else mode)
+                train, dev = self_targets(store, version, (train, dev), generator, mode)
             fields = {k: v for k, v in fields.items() if k not in GeneratedQAConfig.model_fields}
             config = TrainConfig(task="generated-qa", train=train, dev=dev, generator=generator, index_version=version,
                                  max_context_length=160, checkpoint_every=0, max_dev_examples=args.dev_examples,

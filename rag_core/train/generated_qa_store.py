@@ -32,7 +32,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example, Provenance, TaskDataError, examples_jsonl
 from rag_core.model.retriever import RetrieverError
 from rag_core.train.generated_qa import KIND, GeneratedQAConfig, HeldOut, Search, pair_examples
-from rag_core.train import generated_qa_reader, question_rules, sentence_views, verb_forms
+from rag_core.train import generated_qa, generated_qa_reader, question_rules, sentence_views, verb_forms
 from rag_core.train.readers import json_array_records, jsonl_records, read_text, tsv_rows
 
 DATASET_DIR = ("tasks", KIND)
@@ -109,13 +109,15 @@ def index_search(store: Store, index_version: str) -> Search:
 
 def key_modules(config: GeneratedQAConfig) -> tuple[ModuleType, ...]:
     """The modules whose code decides which pairs ``config`` makes: an edit to one makes another dataset, never
-    reuses the old one (the rules ask the questions; with the reader check on, the reader drops pairs)."""
-    rules = (question_rules, sentence_views, verb_forms)
-    return rules if config.reader == "off" else (*rules, generated_qa_reader)
+    reuses the old one (the rules ask the questions; generated_qa's round trip and caps drop and thin them; with
+    the reader check on, the reader drops pairs too)."""
+    modules = (question_rules, sentence_views, verb_forms, generated_qa)
+    return modules if config.reader == "off" else (*modules, generated_qa_reader)
 
 
 def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:
-    """12 hex digits naming the recipe, the question rules and the held-out items the pairs were filtered against."""
+    """12 hex digits naming the recipe, the code of :func:`key_modules` and the held-out items the pairs were
+    filtered against."""
     digest = hashlib.sha256(config.model_dump_json().encode())
     for module in key_modules(config):
         digest.update(Path(module.__file__).read_bytes())

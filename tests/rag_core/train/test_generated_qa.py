@@ -327,9 +327,10 @@ def test_the_dataset_key_names_the_recipe_and_the_held_out_items() -> None:
 
 
 def test_the_reader_code_is_part_of_the_dataset_key_only_when_the_reader_check_is_on() -> None:
-    from rag_core.train import generated_qa_reader, question_rules
+    from rag_core.train import generated_qa, generated_qa_reader, question_rules
     from rag_core.train.generated_qa_store import key_modules
 
     assert question_rules in key_modules(GeneratedQAConfig())
+    assert generated_qa in key_modules(GeneratedQAConfig())  # its round trip and caps decide which pairs stay
     assert generated_qa_reader not in key_modules(GeneratedQAConfig())
     assert generated_qa_reader in key_modules(GeneratedQAConfig(reader="generator", generator="smollm2"))
