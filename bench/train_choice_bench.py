@@ -17,8 +17,8 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
   data; ``reader-check`` turns the round trip's reader half on (PAQ's consistency filter);
   ``self-targets`` / ``self-replies`` keep only the pairs the zero-shot reader answers from their best
   passage and train on its own words (its short answer, or its whole first line, lead-in included);
-  ``self-form`` / ``self-lead`` keep every pair and train on the reader's reply with the pair's answer in
-  place of its own (``self-lead``: cut after the answer); ``subject-*`` thin the pairs answered by their
+  ``self-form`` keeps every pair and trains on the reader's reply with the pair's answer in place of its
+  own; ``self-lead`` the same, cut after the answer (the stage's ``target="reader-lead"``); ``subject-*`` thin the pairs answered by their
   page's own subject (``GeneratedQAConfig.subject_share``); ``asking-subject`` keeps only the pairs whose
   question names its page's subject;
 - **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
@@ -76,18 +76,17 @@ CANDIDATES = {
     "self-form": {"self_targets": "form"},
     "self-form-lr-5e-5": {"self_targets": "form", "lr": 5e-5},
     "self-form-subject-0-lr-5e-5": {"self_targets": "form", "subject_share": 0.0, "lr": 5e-5},
-    "self-lead": {"self_targets": "lead"},
-    "self-lead-lr-5e-5": {"self_targets": "lead", "lr": 5e-5},
-    "self-lead-subject-0-lr-5e-5": {"self_targets": "lead", "subject_share": 0.0, "lr": 5e-5},
-    "self-lead-subject-0-lr-2e-5": {"self_targets": "lead", "subject_share": 0.0, "lr": 2e-5},
-    "self-lead-subject-0-per-passage-6-lr-5e-5": {"self_targets": "lead", "subject_share": 0.0, "per_passage": 6,
+    "self-lead": {"target": "reader-lead"},
+    "self-lead-lr-5e-5": {"target": "reader-lead", "lr": 5e-5},
+    "self-lead-subject-0-lr-5e-5": {"target": "reader-lead", "subject_share": 0.0, "lr": 5e-5},
+    "self-lead-subject-0-lr-2e-5": {"target": "reader-lead", "subject_share": 0.0, "lr": 2e-5},
+    "self-lead-subject-0-per-passage-6-lr-5e-5": {"target": "reader-lead", "subject_share": 0.0, "per_passage": 6,
                                                   "lr": 5e-5},
-    "self-lead-subject-0-frozen-qe-lr-5e-5": {"self_targets": "lead", "subject_share": 0.0,
+    "self-lead-subject-0-frozen-qe-lr-5e-5": {"target": "reader-lead", "subject_share": 0.0,
                                               "train_question_encoder": False, "lr": 5e-5},
     # only the pairs shaped like real questions about a page: the question names the page's subject, the answer not
     "asking-subject": {"asking_subject": True},
     "asking-subject-lr-5e-5": {"asking_subject": True, "lr": 5e-5},
-    "asking-subject-lead-lr-5e-5": {"asking_subject": True, "self_targets": "lead", "lr": 5e-5},
 }
 
 
@@ -96,8 +95,8 @@ def self_targets(store, version: str, urls: tuple[str, str], generator: str, mod
     best passage. ``mode``: "answer" / "reply" keep the pairs it answers (its short answer holds the pair's) with
     its short answer / its reply's first line as the target; "form" keeps every pair, with the target its reply in
     which its short answer is swapped for the pair's ("The capital of Algeria is Algiers."; the bare answer
-    where the reply does not hold its short answer); "lead" the same, cut after the answer (what follows it
-    in a reply cut at its token limit is noise)."""
+    where the reply does not hold its short answer). The stage's own ``target="reader-lead"`` is "form" cut after
+    the answer (rag_core.train.generated_qa_reader.lead_target)."""
     import json
 
     from rag_core.train.generated_qa_reader import generator_replies, reader_agrees
@@ -107,8 +106,6 @@ def self_targets(store, version: str, urls: tuple[str, str], generator: str, mod
         at = reply.find(short) if short else -1
         if at < 0:
             return answer
-        if mode == "lead":  # a sentence when it has a lead-in; a bare answer stays bare
-            return reply[:at] + answer + ("." if at else "")
         return reply[:at] + answer + reply[at + len(short):]
 
     search, replies = index_search(store, version), generator_replies(generator)
@@ -117,7 +114,7 @@ def self_targets(store, version: str, urls: tuple[str, str], generator: str, mod
         rows = [json.loads(line) for line in Path(url).read_text().splitlines()]
         best = [hits[0] for hits in search([r["input"] for r in rows], 1)]
         said = replies([(r["input"], title, text) for r, (_, title, text) in zip(rows, best, strict=True)])
-        if mode in ("form", "lead"):
+        if mode == "form":
             kept = [{**r, "targets": [form(reply, short, r["targets"][0])]}
                     for r, (reply, short) in zip(rows, said, strict=True)]
         else:
@@ -153,21 +150,25 @@ def asking_subject(urls: tuple[str, str]) -> tuple[str, str]:
 
 def generated_pairs(store, version: str, held, folder: Path, config) -> tuple[str, str, dict]:
     """Train and dev files of generated QA made with ``config`` (a GeneratedQAConfig), and its counts."""
-    from rag_core.train.generated_qa import merge_shards, pair_examples, shard_pairs, shard_rows
-    from rag_core.train.generated_qa_reader import generator_reader
+    from rag_core.train.generated_qa import lead_targets, merge_shards, pair_examples, shard_pairs, shard_rows
+    from rag_core.train.generated_qa_reader import generator_replies
     from rag_core.train.generated_qa_store import index_search
     from rag_core.index.versions import read_index_manifest
     from rag_core.train.examples import write_examples
+    from rag_core.perf.precision import choose_precision
     from rag_core.wiki.ingest import read_passages
 
     passages = read_passages(store, read_index_manifest(store, version).dump_id)
     search = index_search(store, version)
-    read = generator_reader(config.generator) if config.reader == "generator" else None
+    # the stage's reader dtype rule (tasks/generated_qa.py's plan)
+    replies = generator_replies(config.generator, dtype=choose_precision("auto", "cpu").dtype) if config.reads() else None
     parts = []
     for shard in range(config.shards):
         start, stop = shard_rows(passages.num_rows, shard, config.shards)
-        parts.append(shard_pairs(passages.slice(start, stop - start), shard, search, held, config, read))
+        parts.append(shard_pairs(passages.slice(start, stop - start), shard, search, held, config, replies))
     table, counts = merge_shards(parts, config)
+    if config.target == "reader-lead":
+        table = lead_targets(table, search, replies)
     folder.mkdir(parents=True, exist_ok=True)
     urls = [write_examples(pair_examples(table, split), str(folder / f"{split}.jsonl")) for split in ("train", "dev")]
     return urls[0], urls[1], dict(counts)
@@ -252,7 +253,8 @@ def main() -> int:
 
         def data(fields: dict) -> tuple[str, str, dict]:
             """The generated QA of the GeneratedQAConfig fields among ``fields`` (made once per config)."""
-            fields = {**fields, "generator": generator} if fields.get("reader") == "generator" else fields
+            reads = fields.get("reader") == "generator" or fields.get("target") == "reader-lead"
+            fields = {**fields, "generator": generator} if reads else fields
             config = GeneratedQAConfig(**{k: v for k, v in fields.items() if k in GeneratedQAConfig.model_fields})
             key = config.model_dump_json()
             if key not in datasets:

@@ -2,8 +2,9 @@
 
 plan (index version, passage set, held-out dev/test items, dataset folder) -> already
 published? reuse it -> one task per passage shard on Dask (rules, held-out filter,
-round trip through the index's question encoder) -> merge (each question once, split
-by page) -> gate (GX) -> publish (parts, train/dev files, manifest last) under
+round trip through the index's question encoder) -> merge (each question once, caps, split
+by page) -> with ``target="reader-lead"``, the generator's words as each kept pair's target
+(one task per part of the kept pairs) -> gate (GX) -> publish (parts, train/dev files, manifest last) under
 ``<store>/tasks/generated-qa/<index version>/<key>/``.
 """
 
@@ -11,13 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from prefect import flow, unmapped
 from pydantic import BaseModel, Field
 
-from rag_core.train.generated_qa import GeneratedQAConfig
+from rag_core.train.generated_qa import GeneratedQAConfig, shard_rows
 from runtime.dask_runner import dask_runner
 from runtime.settings import Settings, StoreAccess, quiet_environment
-from tasks.generated_qa import gate_generated_qa, generate_shard, merge_pairs, plan_generated_qa, publish_generated_qa
+from tasks.generated_qa import (
+    gate_generated_qa,
+    generate_shard,
+    lead_targets_of,
+    merge_pairs,
+    plan_generated_qa,
+    publish_generated_qa,
+)
 from tasks.shard_runs import wait_for_shards
 
 quiet_environment()
@@ -56,8 +65,18 @@ def generated_qa(store: StoreAccess, index_version: str | None = None,
     runs = generate_shard.map(unmapped(target), unmapped(plan), unmapped(config), list(range(config.shards)))
     wait_for_shards(runs)
     table, counts = merge_pairs(runs.result(), config)
+    if config.target == "reader-lead":
+        led = lead_targets_of.map(unmapped(target), unmapped(plan), unmapped(config), split_rows(table, config.shards))
+        wait_for_shards(led)
+        table = pa.concat_tables(led.result())
     gate_generated_qa(target, plan, table, config)
     return _outcome(plan.url, publish_generated_qa(target, plan, table, counts, config), reused=False)
+
+
+def split_rows(table: pa.Table, parts: int) -> list[pa.Table]:
+    """``table`` in ``parts`` contiguous slices (as passage shards are cut), the empty ones left out."""
+    cuts = [shard_rows(table.num_rows, i, parts) for i in range(parts)]
+    return [table.slice(start, stop - start) for start, stop in cuts if stop > start] or [table]
 
 
 def generated_qa_on(settings: Settings, index_version: str | None, config: GeneratedQAConfig,

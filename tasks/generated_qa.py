@@ -23,7 +23,15 @@ from rag_core.errors import GateError, WikiragError
 from rag_core.evaluate.normalize import normalize_answer
 from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
-from rag_core.train.generated_qa import GeneratedQAConfig, HeldOut, ShardPairs, merge_shards, shard_pairs, shard_rows
+from rag_core.train.generated_qa import (
+    GeneratedQAConfig,
+    HeldOut,
+    ShardPairs,
+    lead_targets,
+    merge_shards,
+    shard_pairs,
+    shard_rows,
+)
 from rag_core.train.generated_qa_store import (
     dataset_folder,
     dataset_key,
@@ -48,6 +56,8 @@ class GeneratedQAPlan(BaseModel):
     held_questions: list[str]
     held_answer_places: list[tuple[str, str]]
     manifest: dict[str, Any] | None = None  # set when the dataset is already published
+    reader_dtype: str | None = None  # what the generator reads in, where it runs (part of the key: greedy replies
+    # differ a little between float32 and bfloat16)
 
     def held(self) -> HeldOut:
         return HeldOut(frozenset(self.held_questions), frozenset(self.held_answer_places))
@@ -66,12 +76,21 @@ def plan_generated_qa(store: Store, index_version: str | None, config: Generated
         raise WikiragError(f"index {manifest.version}: its passage set {manifest.dump_id} is not on the store "
                            f"{store.url}; rebuild the index")
     held = held_out(held_out_files, held_out_options)
-    key = dataset_key(config, held)
+    reader_dtype = None
+    if config.reads():
+        from rag_core.perf.precision import choose_precision
+
+        if not config.generator:
+            raise WikiragError("generated QA: the reader check and reader-lead targets need a generator folder "
+                               "(config.generator)")
+        reader_dtype = choose_precision("auto", "cpu").dtype
+    key = dataset_key(config, held, reader_dtype)
     folder = dataset_folder(store, manifest.version, key)
     return GeneratedQAPlan(index_version=manifest.version, dump_id=manifest.dump_id,
                            n_passages=sum(p["rows"] for p in passages["parts"]), key=key, url=folder.url,
                            held_out_files=held_out_files, held_questions=sorted(held.questions),
-                           held_answer_places=sorted(held.answer_places), manifest=published_dataset(folder))
+                           held_answer_places=sorted(held.answer_places), manifest=published_dataset(folder),
+                           reader_dtype=reader_dtype)
 
 
 @task(retries=1, retry_delay_seconds=5)
@@ -79,19 +98,26 @@ def generate_shard(store: Store, plan: GeneratedQAPlan, config: GeneratedQAConfi
     """One passage shard's pairs, filtered against the held-out items and by the round trip."""
     start, stop = shard_rows(plan.n_passages, shard, config.shards)
     passages = read_passage_rows(store, plan.dump_id, start, stop, ["passage_id", "page_id", "title", "text"])
-    read = None
+    replies = None
     if config.reader == "generator":
-        from rag_core.train.generated_qa_reader import generator_reader
+        from rag_core.train.generated_qa_reader import generator_replies
 
-        if not config.generator:
-            raise WikiragError("generated QA: the reader check needs a generator folder (config.generator)")
-        read = generator_reader(config.generator)
-    found = shard_pairs(passages, shard, index_search(store, plan.index_version), plan.held(), config, read)
+        replies = generator_replies(config.generator, dtype=plan.reader_dtype)
+    found = shard_pairs(passages, shard, index_search(store, plan.index_version), plan.held(), config, replies)
     texts = dict(zip(passages.column("passage_id").to_pylist(), passages.column("text").to_pylist(), strict=True))
     context = [texts[p] for p in found.table.column("passage_id").to_pylist()]
     # The passage text rides along for the gate's offset check; publishing leaves it out.
     found.table = found.table.append_column("passage_text", pa.array(context, pa.string()))
     return found
+
+
+@task(retries=1, retry_delay_seconds=5)
+def lead_targets_of(store: Store, plan: GeneratedQAPlan, config: GeneratedQAConfig, part: pa.Table) -> pa.Table:
+    """``part`` of the merged pairs with reader-lead targets: the generator reads each question's best passage."""
+    from rag_core.train.generated_qa_reader import generator_replies
+
+    return lead_targets(part, index_search(store, plan.index_version),
+                        generator_replies(config.generator, dtype=plan.reader_dtype))
 
 
 @task

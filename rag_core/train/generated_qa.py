@@ -13,10 +13,14 @@ In the spirit of PAQ (Lewis et al. 2021), for one shard of the passage set:
    searched; the pair stays only if its own passage is among the top ``top_k`` and
    (with ``answer_in_top1``) its answer shows in the best passage, the one a reader
    reads first. Questions too vague to find their passage, or answered elsewhere by
-   another passage, go.
+   another passage, go. Optionally (``reader``) the generator reads that best passage
+   too and the pairs it does not answer go (:mod:`rag_core.train.generated_qa_reader`).
 
-:func:`merge_shards` then asks each question once across shards and splits by page
-(an article's pairs all train or all dev, the held-out pages drawn as for cloze).
+:func:`merge_shards` then asks each question once across shards, thins the When questions and
+those answered by their page's subject, and splits by page (an article's pairs all train or all
+dev, the held-out pages drawn as for cloze). Each pair trains toward its answer span, or, with
+``target="reader-lead"``, toward the generator's own reply to it around that answer
+(:func:`lead_targets`, over the pairs the merge keeps).
 Sharding is a pure function of ``(shard, shards)`` over the passage rows.
 """
 
@@ -35,7 +39,7 @@ from pydantic import BaseModel, Field
 from rag_core.evaluate.normalize import normalize_answer
 from rag_core.train.cloze import ClozeConfig, dev_pages, sentences
 from rag_core.train.examples import Example, Provenance
-from rag_core.train.generated_qa_reader import Read, reader_agrees
+from rag_core.train.generated_qa_reader import Replies, lead_target, reader_agrees
 from rag_core.train.question_rules import questions
 from rag_core.train.sentence_views import title_pronoun
 
@@ -44,6 +48,7 @@ PAIR_SCHEMA = pa.schema([
     ("id", pa.string()), ("question", pa.string()), ("answer", pa.string()), ("passage_id", pa.string()),
     ("page_id", pa.int64()), ("title", pa.string()), ("answer_start", pa.int32()), ("answer_end", pa.int32()),
     ("rule", pa.string()), ("shard", pa.int32()), ("rank", pa.int32()),
+    ("target", pa.string()),  # what the pair trains toward: its answer, or the reader's lead-in and the answer
 ])
 # What each filter drops, in the order the filters run, then what is kept.
 COUNTS = ("candidates", "held_out", "not_retrieved", "answer_not_in_top1", "reader_disagrees", "kept")
@@ -59,7 +64,7 @@ class GeneratedQAConfig(BaseModel):
     top_k: int = Field(5, ge=1)  # round trip: the question must retrieve its own passage among the top k
     answer_in_top1: bool = True  # round trip: and the answer must show in the best passage retrieved
     reader: Literal["off", "generator"] = "off"  # round trip: and the generator must answer it from that passage
-    generator: str | None = None  # the decoder-only generator folder the reader check prompts
+    generator: str | None = None  # the decoder-only generator folder the reader prompts (reader, target)
     per_passage: int = Field(3, ge=1)  # questions kept from one passage at most (in sentence order)
     seed: int = 0  # decides the held-out (dev) pages
     dev_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # share of pages whose pairs form the dev split
@@ -71,6 +76,13 @@ class GeneratedQAConfig(BaseModel):
     # from Lincoln's page), while real questions name the subject and ask for something else ("Who killed Achilles?").
     # Trained on that mix, the reader answers with the subject of the passage it reads: with the question's own words.
     subject_share: float = Field(1.0, ge=0.0, le=1.0)  # kept pairs answered by their page's subject at most this share
+    # A bare span as the target teaches a reader that answers in sentences a new way to talk, not where the answer
+    # is; "reader-lead" keeps the reader's own words around the pair's answer (generated_qa_reader.lead_target).
+    target: Literal["answer", "reader-lead"] = "answer"  # what each pair trains toward (reader-lead: needs generator)
+
+    def reads(self) -> bool:
+        """Whether the stage runs the generator (the reader check, or reader-lead targets)."""
+        return self.reader == "generator" or self.target == "reader-lead"
 
 
 @dataclass(frozen=True)
@@ -135,10 +147,11 @@ def candidate_pairs(passages: pa.Table, per_passage: int) -> list[dict]:
 
 
 def round_trip(pairs: list[dict], search: Search, config: GeneratedQAConfig,
-               counts: Counter[str] | None = None, read: Read | None = None) -> list[dict]:
+               counts: Counter[str] | None = None, replies: Replies | None = None) -> list[dict]:
     """The pairs whose question retrieves its own passage in the top ``top_k`` (and, with ``answer_in_top1``,
-    whose answer shows in the first passage retrieved; with ``read``, which the reader answers from that passage
-    with the pair's answer); ``rank`` (1-based) is added to each kept pair."""
+    whose answer shows in the first passage retrieved; with ``reader="generator"``, which the reader, ``replies``,
+    answers from that passage with the pair's answer); ``rank`` (1-based) is added to each kept pair, and its
+    answer as its ``target``."""
     counts = counts if counts is not None else Counter()
     found = search([p["question"] for p in pairs], config.top_k) if pairs else []
     kept, best = [], []
@@ -151,24 +164,26 @@ def round_trip(pairs: list[dict], search: Search, config: GeneratedQAConfig,
         if config.answer_in_top1 and f" {answer} " not in f" {normalize_answer(hits[0][2])} ":
             counts["answer_not_in_top1"] += 1
             continue
-        kept.append({**pair, "rank": ids.index(pair["passage_id"]) + 1})
+        kept.append({**pair, "rank": ids.index(pair["passage_id"]) + 1, "target": pair["answer"]})
         best.append((pair["question"], hits[0][1], hits[0][2]))
-    if read is None:
+    if config.reader == "off" or not kept:
         return kept
-    agreed = [reader_agrees(pair["answer"], said) for pair, said in zip(kept, read(best), strict=True)]
+    if replies is None:
+        raise ValueError("round_trip: the reader check is on (reader='generator'); pass the generator's replies")
+    agreed = [reader_agrees(pair["answer"], short) for pair, (_, short) in zip(kept, replies(best), strict=True)]
     counts["reader_disagrees"] += agreed.count(False)
     return [pair for pair, ok in zip(kept, agreed, strict=True) if ok]
 
 
 def shard_pairs(passages: pa.Table, shard: int, search: Search, held_out: HeldOut,
-                config: GeneratedQAConfig, read: Read | None = None) -> ShardPairs:
+                config: GeneratedQAConfig, replies: Replies | None = None) -> ShardPairs:
     """One shard's pipeline: candidates, minus held-out items, minus round-trip failures (module docstring)."""
     counts: Counter[str] = Counter()
     pairs = candidate_pairs(passages, config.per_passage)
     counts["candidates"] = len(pairs)
     fresh = [p for p in pairs if not held_out.holds(p["question"], p["answer"], p["passage_id"], p["title"])]
     counts["held_out"] = len(pairs) - len(fresh)
-    kept = round_trip(fresh, search, config, counts, read)
+    kept = round_trip(fresh, search, config, counts, replies)
     counts["kept"] = len(kept)
     rows = [{**p, "shard": shard} for p in kept]
     return ShardPairs(pa.Table.from_pylist(rows, schema=PAIR_SCHEMA), counts)
@@ -201,6 +216,19 @@ def merge_shards(parts: Sequence[ShardPairs], config: GeneratedQAConfig) -> tupl
     return table.append_column("split", pa.array(split, pa.string())), counts
 
 
+def lead_targets(table: pa.Table, search: Search, replies: Replies) -> pa.Table:
+    """``table`` (pairs) with each ``target`` in the reader's own words: what ``replies`` says to the pair's question
+    from its best passage, cut after its short answer, the pair's answer in its place
+    (:func:`rag_core.train.generated_qa_reader.lead_target`)."""
+    if not table.num_rows:
+        return table
+    questions, answers = (table.column(c).to_pylist() for c in ("question", "answer"))
+    best = [hits[0] for hits in search(questions, 1)]
+    said = replies([(q, title, text) for q, (_, title, text) in zip(questions, best, strict=True)])
+    targets = [lead_target(reply, short, a) for a, (reply, short) in zip(answers, said, strict=True)]
+    return table.set_column(table.schema.get_field_index("target"), "target", pa.array(targets, pa.string()))
+
+
 def names_subject(answer: str, title: str) -> bool:
     """Whether ``answer`` names the subject of the page ``title``: shares a word of four letters or more with the
     title, its parenthesised qualifier left out ("Lincoln" of "Abraham Lincoln", "Asia" of "Asia")."""
@@ -225,7 +253,7 @@ def _cap(table: pa.Table, flagged: list[bool], share: float, counts: Counter[str
 
 
 def pair_examples(table: pa.Table, split: str) -> list[Example]:
-    """The ``split`` rows of a pairs table as examples (question in, answer out, the passage as provenance)."""
+    """The ``split`` rows of a pairs table as examples (question in, its target out, the passage as provenance)."""
     rows = table.filter(pc.equal(table.column("split"), split)).to_pylist()
-    return [Example(r["id"], r["question"], (r["answer"],), KIND,
+    return [Example(r["id"], r["question"], (r["target"] or r["answer"],), KIND,
                     provenance=(Provenance(str(r["page_id"]), r["title"], r["passage_id"]),)) for r in rows]

@@ -110,15 +110,17 @@ def index_search(store: Store, index_version: str) -> Search:
 def key_modules(config: GeneratedQAConfig) -> tuple[ModuleType, ...]:
     """The modules whose code decides which pairs ``config`` makes: an edit to one makes another dataset, never
     reuses the old one (the rules ask the questions; generated_qa's round trip and caps drop and thin them; with
-    the reader check on, the reader drops pairs too)."""
+    the reader on, it drops pairs or writes their targets too)."""
     modules = (question_rules, sentence_views, verb_forms, generated_qa)
-    return modules if config.reader == "off" else (*modules, generated_qa_reader)
+    return (*modules, generated_qa_reader) if config.reads() else modules
 
 
-def dataset_key(config: GeneratedQAConfig, held: HeldOut) -> str:
-    """12 hex digits naming the recipe, the code of :func:`key_modules` and the held-out items the pairs were
-    filtered against."""
+def dataset_key(config: GeneratedQAConfig, held: HeldOut, reader_dtype: str | None = None) -> str:
+    """12 hex digits naming the recipe, the code of :func:`key_modules`, the held-out items the pairs were
+    filtered against and, when the generator reads (``config.reads()``), the dtype it reads in."""
     digest = hashlib.sha256(config.model_dump_json().encode())
+    if reader_dtype is not None:
+        digest.update(f"reader dtype {reader_dtype}\n".encode())
     for module in key_modules(config):
         digest.update(Path(module.__file__).read_bytes())
     for item in sorted(held.questions) + sorted("\t".join(p) for p in held.answer_places):

@@ -83,6 +83,33 @@ def test_the_stage_publishes_once_reuses_it_and_leaks_no_dev_question(
     assert asked not in inputs and len(inputs) == counts["kept"] - third["counts"]["held_out"]
 
 
+def test_reader_lead_targets_are_published_from_the_generators_words(
+        index, home: Path, prefect_server: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, real_generator: Path) -> None:
+    """`--target reader-lead` runs the real default generator (SmolLM2-135M-Instruct) in each shard task: the
+    published examples train toward its lead targets, each ending at its pair's answer, while the parts keep the
+    span."""
+    store, version = index
+    monkeypatch.setenv("WIKIRAG_WORKERS", "2")
+    assert main(["generated-qa", "--store", str(store), "--index", version, "--target", "reader-lead"]) == 2
+    assert "give its folder with --generator DIR" in capsys.readouterr().err  # one line, nothing made
+    led = _cli(store, version, capsys, "--target", "reader-lead", "--generator", str(real_generator),
+               "--subject-share", "0")
+    folder = Store(led["url"])
+    manifest = folder.read_json(MANIFEST)
+    assert manifest["config"]["target"] == "reader-lead" and manifest["config"]["generator"] == str(real_generator)
+    assert not led["counts"].get("reader_disagrees") and led["counts"]["subject_capped"] > 0  # targets, no check
+    parts = pa.concat_tables([parquet_to_table(folder.read_bytes(name)) for name in manifest["files"]
+                              if name.startswith("part-")])
+    rows = {r["id"]: r for r in parts.to_pylist()}
+    examples = load_task("generated-qa", led["train"]) + load_task("generated-qa", led["dev"])
+    assert len(examples) == len(rows) == led["counts"]["kept"]
+    for e in examples:
+        target, answer = e.targets[0], rows[e.id]["answer"]
+        assert target == rows[e.id]["target"] and target.removesuffix(".").endswith(answer)
+    assert any(e.targets[0] != rows[e.id]["answer"] for e in examples)  # the generator's lead-ins
+
+
 def test_the_gate_fails_on_a_bad_dataset_and_nothing_is_published(
         index, home: Path, prefect_server: str) -> None:
     from flows.generated_qa import generated_qa

@@ -7,22 +7,26 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from rag_core.storage import Store
 from rag_core.train.generated_qa import (
+    PAIR_SCHEMA,
     GeneratedQAConfig,
     HeldOut,
     Search,
     ShardPairs,
     candidate_pairs,
+    lead_targets,
     merge_shards,
     names_subject,
+    pair_examples,
     round_trip,
     shard_pairs,
     shard_rows,
 )
-from rag_core.train.generated_qa_reader import generator_reader, reader_agrees
+from rag_core.train.generated_qa_reader import generator_replies, lead_target, reader_agrees
 from rag_core.train.generated_qa_store import held_out, held_out_examples, index_search
 from rag_core.train.question_rules import RULE_NAMES, questions
 from rag_core.wiki.ingest import read_passages
@@ -287,19 +291,20 @@ def test_a_reader_that_does_not_give_the_answer_back_drops_the_pair(index, tmp_p
 
     store, search = index
     pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)[:12]
-    config = GeneratedQAConfig()
-    retrieved = round_trip(pairs, search, config)
+    retrieved = round_trip(pairs, search, GeneratedQAConfig())
     assert retrieved
-    read = generator_reader(str(save_tiny_llama(tmp_path / "llama")), max_new_tokens=4)
+    replies = generator_replies(str(save_tiny_llama(tmp_path / "llama")), max_new_tokens=4)
     counts: Counter[str] = Counter()
-    assert round_trip(pairs, search, config, counts, read) == []
+    assert round_trip(pairs, search, GeneratedQAConfig(reader="generator"), counts, replies) == []
     assert counts["reader_disagrees"] == len(retrieved)
+    with pytest.raises(ValueError, match="pass the generator's replies"):
+        round_trip(pairs, search, GeneratedQAConfig(reader="generator"))
 
 
 def test_the_readers_replies_are_its_first_lines_and_its_answers_their_short_spans(index, tmp_path: Path,
                                                                                    one_torch_thread) -> None:
-    """generator_replies gives each reply's first line beside its short answer; generator_reader, the same
-    answers alone (a real tiny random decoder-only generator, greedy, so both calls decode alike)."""
+    """generator_replies gives each reply's first line beside its short answer (a real tiny random decoder-only
+    generator, greedy)."""
     from rag_core.model.extract import short_answer
     from rag_core.train.generated_qa_reader import generator_replies
     from tests.helpers.generatorfiles import save_tiny_llama
@@ -314,7 +319,54 @@ def test_the_readers_replies_are_its_first_lines_and_its_answers_their_short_spa
     for (question, _, _), (reply, short) in zip(items, said, strict=True):
         assert "\n" not in reply and reply == reply.strip()
         assert short == short_answer(reply, question)
-    assert generator_reader(path, max_new_tokens=6)(items) == [short for _, short in said]
+
+
+@pytest.mark.parametrize(("reply", "short", "answer", "target"), [
+    # the reader's lead-in is kept, its own answer swapped for the pair's, and the target ends there
+    ("The capital of Algeria is Algiers, on the coast.", "Algiers", "Algiers", "The capital of Algeria is Algiers."),
+    ("Alexander was tutored by Plato.", "Plato", "Aristotle", "Alexander was tutored by Aristotle."),
+    ("The answer is: 1945", "1945", "1945", "The answer is: 1945."),
+    ("Algiers", "Algiers", "Algiers", "Algiers"),  # no lead-in: the bare answer, no full stop
+    ("I do not know.", "", "Kabul", "Kabul"),  # no short answer: the bare answer
+    ("It was in 1946.", "the year 1946", "1945", "1945"),  # a short answer the reply does not hold: bare too
+])
+def test_a_lead_target_keeps_the_readers_words_up_to_the_pairs_answer(reply: str, short: str, answer: str,
+                                                                      target: str) -> None:
+    assert lead_target(reply, short, answer) == target
+
+
+def test_reader_lead_targets_are_the_readers_words_around_each_pairs_answer(index, real_generator: Path) -> None:
+    """Each pair's target is the lead target of what the real default generator (SmolLM2-135M-Instruct) replies to
+    its question from its best passage; the examples train toward it, the row keeps the answer span."""
+    store, search = index
+    pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)[:40]
+    kept = round_trip(pairs, search, GeneratedQAConfig())[:10]
+    assert kept and all(p["target"] == p["answer"] for p in kept)
+    table = pa.Table.from_pylist([{**p, "shard": 0, "split": "train"} for p in kept],
+                                 schema=PAIR_SCHEMA.append(pa.field("split", pa.string())))
+    replies = generator_replies(str(real_generator))
+    led = lead_targets(table, search, replies)
+    assert led.drop_columns(["target"]) == table.drop_columns(["target"])
+    said = replies([(p["question"], *search([p["question"]], 1)[0][0][1:]) for p in kept])
+    targets = led.column("target").to_pylist()
+    assert targets == [lead_target(reply, short, p["answer"]) for p, (reply, short) in zip(kept, said, strict=True)]
+    assert all(t.removesuffix(".").endswith(p["answer"]) for t, p in zip(targets, kept, strict=True))
+    assert any(t != p["answer"] for t, p in zip(targets, kept, strict=True))  # it answers in sentences: lead-ins
+    assert [e.targets for e in pair_examples(led, "train")] == [(t,) for t in targets]
+
+
+def test_batched_replies_are_the_replies_one_at_a_time(index, tmp_path: Path, one_torch_thread) -> None:
+    """Left padding does not change what a real (tiny, random) decoder-only generator says, greedy in float32."""
+    from tests.helpers.generatorfiles import save_tiny_llama
+
+    store, search = index
+    pairs = candidate_pairs(read_passages(store, "gqa"), per_passage=3)[:9]
+    items = [(p["question"], title, text) for p, (_, title, text) in
+             zip(pairs, (hits[0] for hits in search([p["question"] for p in pairs], 1)), strict=True)]
+    path = str(save_tiny_llama(tmp_path / "llama"))
+    batched = generator_replies(path, max_new_tokens=6, batch_size=4)(items)
+    assert batched == generator_replies(path, max_new_tokens=6, batch_size=1)(items)
+    assert len({reply for reply, _ in batched}) > 1  # the replies depend on the prompt
 
 
 def test_the_dataset_key_names_the_recipe_and_the_held_out_items() -> None:
@@ -324,9 +376,11 @@ def test_the_dataset_key_names_the_recipe_and_the_held_out_items() -> None:
     assert base == dataset_key(GeneratedQAConfig(), HeldOut())
     assert base != dataset_key(GeneratedQAConfig(top_k=3), HeldOut())
     assert base != dataset_key(GeneratedQAConfig(), HeldOut(questions=frozenset({"who wrote hamlet"})))
+    led = GeneratedQAConfig(target="reader-lead", generator="smollm2")
+    assert dataset_key(led, HeldOut(), "float32") != dataset_key(led, HeldOut(), "bfloat16")  # replies differ a little
 
 
-def test_the_reader_code_is_part_of_the_dataset_key_only_when_the_reader_check_is_on() -> None:
+def test_the_reader_code_is_part_of_the_dataset_key_only_when_the_reader_is_on() -> None:
     from rag_core.train import generated_qa, generated_qa_reader, question_rules
     from rag_core.train.generated_qa_store import key_modules
 
@@ -334,3 +388,4 @@ def test_the_reader_code_is_part_of_the_dataset_key_only_when_the_reader_check_i
     assert generated_qa in key_modules(GeneratedQAConfig())  # its round trip and caps decide which pairs stay
     assert generated_qa_reader not in key_modules(GeneratedQAConfig())
     assert generated_qa_reader in key_modules(GeneratedQAConfig(reader="generator", generator="smollm2"))
+    assert generated_qa_reader in key_modules(GeneratedQAConfig(target="reader-lead", generator="smollm2"))
