@@ -18,9 +18,9 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
   ``self-targets`` / ``self-replies`` keep only the pairs the zero-shot reader answers from their best
   passage and train on its own words (its short answer, or its whole first line, lead-in included);
   ``self-form`` keeps every pair and trains on the reader's reply with the pair's answer in place of its
-  own; ``self-lead`` the same, cut after the answer (the stage's ``target="reader-lead"``); ``subject-*`` thin the pairs answered by their
-  page's own subject (``GeneratedQAConfig.subject_share``); ``asking-subject`` keeps only the pairs whose
-  question names its page's subject;
+  own; ``self-lead`` the same, cut after the answer (the stage's ``target="reader-lead"``); ``subject-*``
+  thin the pairs answered by their page's own subject (``GeneratedQAConfig.subject_share``);
+  ``asking-subject`` keeps only the pairs whose question names its page's subject;
 - **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
   of half the batch: about the same time on 2 cores).
 
@@ -161,7 +161,8 @@ def generated_pairs(store, version: str, held, folder: Path, config) -> tuple[st
     passages = read_passages(store, read_index_manifest(store, version).dump_id)
     search = index_search(store, version)
     # the stage's reader dtype rule (tasks/generated_qa.py's plan)
-    replies = generator_replies(config.generator, dtype=choose_precision("auto", "cpu").dtype) if config.reads() else None
+    dtype = choose_precision("auto", "cpu").dtype
+    replies = generator_replies(config.generator, dtype=dtype) if config.reads() else None
     parts = []
     for shard in range(config.shards):
         start, stop = shard_rows(passages.num_rows, shard, config.shards)
