@@ -13,14 +13,17 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
   sample; the test split is never read here), first ``--real-dev`` questions, fast decoding,
   ``--answer-tokens`` answer tokens (default: the main job's), bf16 autocast where native: EM and
   answer-in-output; the zero-shot start (no fine-tune) is the first row;
-- **train pairs**: the training examples the candidate read. Most candidates train on the main job's
-  data; ``reader-check`` turns the round trip's reader half on (PAQ's consistency filter);
-  ``self-targets`` / ``self-replies`` keep only the pairs the zero-shot reader answers from their best
-  passage and train on its own words (its short answer, or its whole first line, lead-in included);
-  ``self-form`` keeps every pair and trains on the reader's reply with the pair's answer in place of its
-  own; ``self-lead`` the same, cut after the answer (the stage's ``target="reader-lead"``); ``subject-*``
-  thin the pairs answered by their page's own subject (``GeneratedQAConfig.subject_share``);
-  ``asking-subject`` keeps only the pairs whose question names its page's subject;
+- **train pairs**: the training examples the candidate read. ``main`` is the main job's data and
+  recipe: no pairs answered by their page's own subject (``GeneratedQAConfig.subject_share`` 0),
+  each pair's target the generator's own reply to it cut after the answer, with the pair's answer
+  in place of its own (``target="reader-lead"``). Others differ from it: ``spans*`` train on the
+  bare answer spans (``spans-every-subject-lr-2e-4`` is the main job's earlier recipe);
+  ``every-subject`` / ``subject-0.1`` keep more subject-answered pairs; ``reader-check`` turns the
+  round trip's reader half on (PAQ's consistency filter); ``self-targets`` / ``self-replies`` keep
+  only the pairs the zero-shot reader answers from their best passage and train on its own words
+  (its short answer, or its whole first line); ``self-form`` keeps every pair and trains on the
+  reader's whole reply with the pair's answer in place of its own; ``asking-subject`` keeps only
+  the pairs whose question names its page's subject;
 - **train seconds**: the recipe's wall time, the cost the main job pays (it runs two processes
   of half the batch: about the same time on 2 cores).
 
@@ -43,50 +46,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 QA_DIR = ROOT.parent / "shared" / "data" / "qa"
 # name -> TrainConfig fields that differ from "main", the main job's ShortRun (rag_core/train/jobs.py)
-# and GeneratedQAConfig fields of its data (rag_core/train/generated_qa.py)
-MAIN = {"n_docs": 2, "batch_size": 4, "max_steps": 24, "train_generator_layers": 15, "lr": 2e-4,
-        "train_question_encoder": True, "activation_checkpointing": False, "when_share": 0.2}
+# and GeneratedQAConfig fields of its data (rag_core/train/generated_qa.py, flows/pipeline.py)
+MAIN = {"n_docs": 2, "batch_size": 4, "max_steps": 24, "train_generator_layers": 15, "lr": 5e-5,
+        "train_question_encoder": True, "activation_checkpointing": False, "when_share": 0.2, "subject_share": 0.0,
+        "target": "reader-lead"}
+SPANS = {"target": "answer"}  # the pair's answer span as its target
 CANDIDATES = {
     "main": {},
+    "lr-2e-5": {"lr": 2e-5},
+    "lr-1e-5": {"lr": 1e-5},
+    "lr-1e-4": {"lr": 1e-4},
+    "every-subject": {"subject_share": 1.0},
+    "subject-0.1": {"subject_share": 0.1},
     "when-uncapped": {"when_share": 1.0},
+    "per-passage-6": {"per_passage": 6},
     "frozen-question-encoder": {"train_question_encoder": False},
     "steps-48-batch-2": {"batch_size": 2, "max_steps": 48},
     "n_docs-1-steps-48": {"n_docs": 1, "max_steps": 48},
     "blocks-8-steps-32": {"train_generator_layers": 8, "max_steps": 32},
-    "lr-1e-4": {"lr": 1e-4},
-    "lr-5e-5": {"lr": 5e-5},
-    "lr-5e-5-blocks-8": {"lr": 5e-5, "train_generator_layers": 8},
     "blocks-all": {"train_generator_layers": None},
+    # bare answer spans as targets
+    "spans": SPANS,
+    "spans-every-subject-lr-2e-4": {**SPANS, "subject_share": 1.0, "lr": 2e-4},
+    "spans-every-subject-lr-1e-6": {**SPANS, "subject_share": 1.0, "lr": 1e-6},
     # PAQ's round trip with the reader half on: the generator must also answer the pair from its best passage
     "reader-check": {"reader": "generator"},
-    "lr-1e-6": {"lr": 1e-6},
-    "lr-3e-6": {"lr": 3e-6},
-    "lr-1e-5": {"lr": 1e-5},
     # targets in the reader's own words: each pair the zero-shot reader answers from its best passage, as it said it
-    "self-targets": {"self_targets": "answer"},
-    "self-targets-lr-5e-5": {"self_targets": "answer", "lr": 5e-5},
-    "self-replies": {"self_targets": "reply"},
-    "self-replies-lr-5e-5": {"self_targets": "reply", "lr": 5e-5},
-    # pairs answered by their page's own subject thinned (GeneratedQAConfig.subject_share)
-    "subject-0": {"subject_share": 0.0},
-    "subject-0.1": {"subject_share": 0.1},
-    "subject-0-lr-1e-5": {"subject_share": 0.0, "lr": 1e-5},
-    "subject-0-lr-5e-5": {"subject_share": 0.0, "lr": 5e-5},
-    # every pair, its target the zero-shot reader's reply with the pair's answer in place of its own
-    "self-form": {"self_targets": "form"},
-    "self-form-lr-5e-5": {"self_targets": "form", "lr": 5e-5},
-    "self-form-subject-0-lr-5e-5": {"self_targets": "form", "subject_share": 0.0, "lr": 5e-5},
-    "self-lead": {"target": "reader-lead"},
-    "self-lead-lr-5e-5": {"target": "reader-lead", "lr": 5e-5},
-    "self-lead-subject-0-lr-5e-5": {"target": "reader-lead", "subject_share": 0.0, "lr": 5e-5},
-    "self-lead-subject-0-lr-2e-5": {"target": "reader-lead", "subject_share": 0.0, "lr": 2e-5},
-    "self-lead-subject-0-per-passage-6-lr-5e-5": {"target": "reader-lead", "subject_share": 0.0, "per_passage": 6,
-                                                  "lr": 5e-5},
-    "self-lead-subject-0-frozen-qe-lr-5e-5": {"target": "reader-lead", "subject_share": 0.0,
-                                              "train_question_encoder": False, "lr": 5e-5},
+    "self-targets": {**SPANS, "self_targets": "answer"},
+    "self-replies": {**SPANS, "self_targets": "reply"},
+    # every pair, its target the zero-shot reader's whole reply with the pair's answer in place of its own
+    "self-form": {**SPANS, "self_targets": "form"},
     # only the pairs shaped like real questions about a page: the question names the page's subject, the answer not
-    "asking-subject": {"asking_subject": True},
-    "asking-subject-lr-5e-5": {"asking_subject": True, "lr": 5e-5},
+    "asking-subject": {**SPANS, "asking_subject": True},
 }
 
 

@@ -3,7 +3,8 @@
 index_rebuild (ingest, embed, index, every gate, publish) -> the real held-out questions the new
 index can answer (tasks/qa_gate.py: the project's written questions, plus NQ-open, WebQuestions
 and CuratedTrec ones when their folder is given), split dev / test -> generated QA from the
-index's own passages, filtered against them (flows/generated_qa.py) -> finetune on it
+index's own passages, filtered against them, with the generator's own words around each answer
+as targets (flows/generated_qa.py) -> finetune on it
 (``wikirag-generated-qa``: N DDP processes, its own gate on generated dev questions) -> the gate
 on real questions: zero-shot vs fine-tuned vs closed-book on the test split, and ``wikirag-qa``
 registered, champion only if it beats its zero-shot start -> the ``wikirag-qa`` champion (or the
@@ -28,6 +29,7 @@ from flows.index_rebuild import index_rebuild
 from rag_core.index.plan import GateConfig
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.train.generated_qa import GeneratedQAConfig
 from rag_core.train.jobs import DDP_PROCESSES, FinetuneRequest, ShortRun
 from rag_core.wiki.ingest import IngestConfig
 from runtime.dask_runner import dask_runner
@@ -82,7 +84,9 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
         ingest_config=IngestConfig(dump=dump), store=store, embed=EMBED, index=IndexConfig(),
         gate=GateConfig())
     held_out = real_question_files(store.store(), version, public_questions)
-    qa_data = generated_qa.with_options(task_runner=runner)(store=store, index_version=version,
+    qa_config = GeneratedQAConfig(subject_share=run.subject_share, target=run.qa_target,
+                                  generator=generator if run.qa_target == "reader-lead" else None)
+    qa_data = generated_qa.with_options(task_runner=runner)(store=store, index_version=version, config=qa_config,
                                                             held_out_files=[held_out.dev, held_out.test])
     recipe = {"generator": generator, "max_steps": run.max_steps, "batch_size": run.batch_size, "lr": run.lr,
               "n_docs": run.n_docs, "max_context_length": run.max_context_length,

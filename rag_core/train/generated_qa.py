@@ -253,7 +253,13 @@ def _cap(table: pa.Table, flagged: list[bool], share: float, counts: Counter[str
 
 
 def pair_examples(table: pa.Table, split: str) -> list[Example]:
-    """The ``split`` rows of a pairs table as examples (question in, its target out, the passage as provenance)."""
+    """The ``split`` rows of a pairs table as examples (question in, the passage as provenance): the first target is
+    what the pair trains toward (a recipe reads only the first); a reader-lead target is followed by the answer span
+    itself, which EM, F1 and retrieval recall then score against (each takes the best of the targets)."""
     rows = table.filter(pc.equal(table.column("split"), split)).to_pylist()
-    return [Example(r["id"], r["question"], (r["target"] or r["answer"],), KIND,
+    return [Example(r["id"], r["question"], _targets(r["target"], r["answer"]), KIND,
                     provenance=(Provenance(str(r["page_id"]), r["title"], r["passage_id"]),)) for r in rows]
+
+
+def _targets(target: str | None, answer: str) -> tuple[str, ...]:
+    return (target, answer) if target and target != answer else (answer,)

@@ -63,7 +63,7 @@ class ShortRun(BaseModel):
 
     max_steps: int = Field(24, ge=1, description="optimizer steps")
     batch_size: int = Field(4, ge=1, description="global batch (all processes)")
-    lr: float = Field(2e-4, gt=0, description="a short run needs a larger rate than the paper's 3e-5")
+    lr: float = Field(5e-5, gt=0, description="peak rate after warm-up (bench/train_choice_bench.py)")
     n_docs: int = Field(2, ge=1, description="passages per question")
     max_context_length: int = Field(160, ge=8, description="generator input tokens per passage (seq2seq; "
                                                               "a decoder-only prompt holds the whole passage)")
@@ -71,6 +71,14 @@ class ShortRun(BaseModel):
                                                                         "last ones); None = every parameter")
     train_question_encoder: bool = Field(True, description="train the question encoder too; False = retrieve "
                                                             "as the index's own encoder does")
+    # The data the fine-tune reads (GeneratedQAConfig fields): its pairs answered by their page's own subject go, and
+    # each pair trains toward the generator's own reply around its answer (docs/architecture.md, "What the main
+    # job's fine-tune learns")
+    subject_share: float = Field(0.0, ge=0.0, le=1.0, description="generated pairs answered by their page's own "
+                                                                  "subject at most this share")
+    qa_target: Literal["answer", "reader-lead"] = Field("reader-lead", description="what each generated pair trains "
+                                                        "toward: its answer span, or the generator's own reply to "
+                                                        "it, cut after the answer")
     eval_examples: int = Field(8, ge=1, description="generated dev questions evaluated, zero-shot and fine-tuned "
                                                     "(the fine-tune's own gate; the real questions gate wikirag-qa)")
     # Each is answered three times (zero-shot, fine-tuned, closed-book): 40 of the sample's 70 keeps the gate

@@ -107,6 +107,7 @@ def test_reader_lead_targets_are_published_from_the_generators_words(
     for e in examples:
         target, answer = e.targets[0], rows[e.id]["answer"]
         assert target == rows[e.id]["target"] and target.removesuffix(".").endswith(answer)
+        assert e.targets[-1] == answer  # what EM and recall score against
     assert any(e.targets[0] != rows[e.id]["answer"] for e in examples)  # the generator's lead-ins
 
 

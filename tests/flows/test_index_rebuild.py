@@ -26,6 +26,7 @@ from rag_core.index.search import ShardedIndex
 from rag_core.index.version_names import INDEXES_DIR
 from rag_core.index.versions import latest_version, list_versions, read_index_manifest, read_manifest
 from rag_core.storage import Store
+from rag_core.train.generated_qa_store import DATASET_DIR, MANIFEST
 from rag_core.wiki.dumps import DumpSource, iter_pages
 from rag_core.wiki.ingest import IngestConfig, read_passages
 from runtime.dask_runner import dask_runner
@@ -360,6 +361,12 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     manifest = read_manifest(store)
     count = read_passages(store, manifest["dump_id"]).num_rows
     assert manifest["count"] == count > 500 and manifest["encoder"]["name"] == "all-MiniLM-L6-v2"
+    # its generated QA (ShortRun's data fields): no pairs answered by their page's subject, targets in the generator's
+    # own words
+    [qa_data] = [Store(str(folder)).read_json(MANIFEST) for folder in
+                 (home / "store").joinpath(*DATASET_DIR, manifest["version"]).iterdir()]
+    assert (qa_data["config"]["target"], qa_data["config"]["generator"]) == ("reader-lead", str(llama))
+    assert qa_data["config"]["subject_share"] == 0.0 and "subject_capped" in qa_data["counts"]
     trained = client.get_model_version("wikirag-generated-qa", "1")
     assert trained.tags["index_version"] == qa.tags["index_version"] == manifest["version"]
     assert {a.path for a in client.list_artifacts(trained.run_id, "plots")} >= {
