@@ -56,8 +56,9 @@ class GeneratedQAPlan(BaseModel):
     held_questions: list[str]
     held_answer_places: list[tuple[str, str]]
     manifest: dict[str, Any] | None = None  # set when the dataset is already published
-    reader_dtype: str | None = None  # what the generator reads in, where it runs (part of the key: greedy replies
-    # differ a little between float32 and bfloat16)
+    # The dtype the generator reads in, decided once here by the precision rule (a Dask cluster of another CPU
+    # class reads in it too); part of the key, since greedy replies differ a little between float32 and bfloat16.
+    reader_dtype: str | None = None
 
     def held(self) -> HeldOut:
         return HeldOut(frozenset(self.held_questions), frozenset(self.held_answer_places))
