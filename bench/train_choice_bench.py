@@ -49,10 +49,13 @@ QA_DIR = ROOT.parent / "shared" / "data" / "qa"
 # and GeneratedQAConfig fields of its data (rag_core/train/generated_qa.py, flows/pipeline.py)
 MAIN = {"n_docs": 2, "batch_size": 4, "max_steps": 24, "train_generator_layers": 15, "lr": 5e-5,
         "train_question_encoder": True, "activation_checkpointing": False, "when_share": 0.2, "subject_share": 0.0,
-        "target": "reader-lead"}
+        "target": "reader-lead", "weight_mix": 0.5}
 SPANS = {"target": "answer"}  # the pair's answer span as its target
 CANDIDATES = {
     "main": {},
+    "as-trained": {"weight_mix": 1.0},
+    "weight-mix-0.7": {"weight_mix": 0.7},
+    "weight-mix-0.3": {"weight_mix": 0.3},
     "lr-2e-5": {"lr": 2e-5},
     "lr-1e-5": {"lr": 1e-5},
     "lr-1e-4": {"lr": 1e-4},
@@ -62,6 +65,9 @@ CANDIDATES = {
     "per-passage-6": {"per_passage": 6},
     "frozen-question-encoder": {"train_question_encoder": False},
     "steps-48-batch-2": {"batch_size": 2, "max_steps": 48},
+    "steps-96-batch-2": {"batch_size": 2, "max_steps": 96},
+    "steps-48-batch-2-as-trained": {"batch_size": 2, "max_steps": 48, "weight_mix": 1.0},
+    "lr-2e-4": {"lr": 2e-4},
     "n_docs-1-steps-48": {"n_docs": 1, "max_steps": 48},
     "blocks-8-steps-32": {"train_generator_layers": 8, "max_steps": 32},
     "blocks-all": {"train_generator_layers": None},

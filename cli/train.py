@@ -40,7 +40,8 @@ def finetune_request(args: argparse.Namespace, settings: Settings) -> dict:
                            "their own questions from the index)")
     recipe = {name: value for name, value in (("kind", args.kind), ("max_steps", args.max_steps),
                                               ("batch_size", args.batch_size), ("lr", args.lr),
-                                              ("n_docs", args.n_docs)) if value is not None}
+                                              ("n_docs", args.n_docs), ("weight_mix", args.weight_mix))
+              if value is not None}
     layers = TRAINED_BLOCKS if args.train_layers is None else args.train_layers
     recipe["train_generator_layers"] = None if layers == "all" else layers
     recipe["generator"] = str(resolve_generator(settings.home, args.generator))
@@ -103,6 +104,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "(default {default})")
     config_option(tune, "--lr", TrainConfig, "lr", "peak learning rate (default {default:g}, the paper's)")
     config_option(tune, "--n-docs", TrainConfig, "n_docs", "passages per question (default {default})")
+    config_option(tune, "--weight-mix", TrainConfig, "weight_mix", "register this share of the fine-tuned weights "
+                  "and the rest of the start's (default {default:g}: the fine-tuned weights as trained; the main job "
+                  "uses 0.5, WiSE-FT)")
     tune.add_argument("--train-layers", type=train_layers, metavar="N|all", help="train only the generator's last "
                       f"N decoder blocks, freezing the rest (default {TRAINED_BLOCKS}: cheaper steps, and SmolLM2's "
                       "ranks stay under 4 GB each); all: every parameter, the paper's (a seq2seq generator's encoder "

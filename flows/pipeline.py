@@ -89,7 +89,7 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
     qa_data = generated_qa.with_options(task_runner=runner)(store=store, index_version=version, config=qa_config,
                                                             held_out_files=[held_out.dev, held_out.test])
     recipe = {"generator": generator, "max_steps": run.max_steps, "batch_size": run.batch_size, "lr": run.lr,
-              "n_docs": run.n_docs, "max_context_length": run.max_context_length,
+              "n_docs": run.n_docs, "weight_mix": run.weight_mix, "max_context_length": run.max_context_length,
               "train_generator_layers": run.train_layers, "train_question_encoder": run.train_question_encoder,
               "checkpoint_every": 0, "kind": "sequence",
               # the main job's time budget: lean ranks run at 0.78x the examples/s (bench/rank_malloc_bench.py),

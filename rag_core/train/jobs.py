@@ -65,6 +65,8 @@ class ShortRun(BaseModel):
     batch_size: int = Field(4, ge=1, description="global batch (all processes)")
     lr: float = Field(5e-5, gt=0, description="peak rate after warm-up (bench/train_choice_bench.py)")
     n_docs: int = Field(2, ge=1, description="passages per question")
+    weight_mix: float = Field(0.5, gt=0.0, le=1.0, description="the registered weights: this share of the "
+                              "fine-tuned ones, the rest the start's (WiSE-FT; bench/train_choice_bench.py)")
     max_context_length: int = Field(160, ge=8, description="generator input tokens per passage (seq2seq; "
                                                               "a decoder-only prompt holds the whole passage)")
     train_layers: int | None = Field(TRAINED_BLOCKS, ge=1, description="generator decoder blocks trained (the "

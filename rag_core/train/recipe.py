@@ -129,6 +129,8 @@ class Recipe:
         self._orders: dict[int, np.ndarray] = {}
         self.losses: list[float] = []
         self.dev_losses: list[tuple[int, float]] = []
+        self.mixed_dev_loss: float | None = None
+        self.start_weights: dict[str, torch.Tensor] = {}
         self.rates: list[float] = []
         self.resumed_from: int | None = None
         self.step = 0
@@ -174,6 +176,8 @@ class Recipe:
             # non-reentrant: exact with frozen blocks below and inputs that need no gradient
             self.model.generator.activation_checkpointing_enable({"use_reentrant": False})
         self.trainable = self._freeze_unreached()
+        if c.weight_mix < 1:  # a resumed run rebuilt the same start above; its checkpoint is loaded below
+            self.start_weights = {name: p.detach().clone() for name, p in self.trainable}
         opt = torch.optim.AdamW if c.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = opt([p for _, p in self.trainable], lr=c.lr, eps=c.adam_eps, weight_decay=c.weight_decay,
                              fused=self.device.type in ("cpu", "cuda"))
@@ -331,8 +335,13 @@ class Recipe:
             dist.all_reduce(value)
         return float(value)
 
-    @torch.no_grad()
     def _evaluate(self) -> None:
+        value = self._dev_loss()
+        self.dev_losses.append((self.step, value))
+        self.logger.log_metrics({"dev_loss": value}, step=self.step)
+
+    @torch.no_grad()
+    def _dev_loss(self) -> float:
         """Mean dev NLL per example; the dev set is split over the ranks, the model stays unwrapped."""
         self.model.eval()
         mine = self.dev_examples[self.dist.rank::self.dist.world_size]
@@ -341,9 +350,7 @@ class Recipe:
         for start in range(0, len(mine), size):
             total += self._loss(self.model, mine[start: start + size], 1.0).double()
         self.model.train()
-        value = self._global_sum(total) / len(self.dev_examples)
-        self.dev_losses.append((self.step, value))
-        self.logger.log_metrics({"dev_loss": value}, step=self.step)
+        return self._global_sum(total) / len(self.dev_examples)
 
     def _checkpoint(self) -> None:
         tensors, python, numpy_state = ckpt.rng_state(self.device)
@@ -367,13 +374,31 @@ class Recipe:
             dist.barrier()  # no rank runs ahead of a checkpoint that may be its restart point
 
     # -- save ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def mix_weights(self) -> None:
+        """Move each trained weight back toward the start: start + weight_mix * (trained - start), on every rank.
+
+        A fine-tune on a few hundred generated pairs pulls a small reader away from what it did well zero-shot;
+        averaging the two in weight space (WiSE-FT) keeps much of both (docs/architecture.md)."""
+        share = self.config.weight_mix
+        for name, p in self.trainable:
+            p.copy_(torch.lerp(self.start_weights.pop(name), p, share))
+        if self.dev_examples:
+            self.mixed_dev_loss = self._dev_loss()
+            self.logger.log_metrics({"mixed_dev_loss": self.mixed_dev_loss}, step=self.step)
+        log.info("saved weights: %g of the fine-tuned ones, %g of the start's", share, 1 - share)
+
     def save(self) -> TrainResult:
-        """The final model and result.json (rank 0 writes; every rank returns the result)."""
+        """The final model (after :meth:`mix_weights` when ``weight_mix`` < 1) and result.json (rank 0 writes;
+        every rank returns the result)."""
+        if self.start_weights:
+            self.mix_weights()
         model_store = self.output.child("model")
         tail = self.losses[-10:]
         result = TrainResult(
             final_step=self.step, world_size=self.dist.world_size, resumed_from=self.resumed_from,
             losses=self.losses, final_loss=sum(tail) / len(tail) if tail else None, dev_losses=self.dev_losses,
+            mixed_dev_loss=self.mixed_dev_loss,
             examples_per_s=statistics.median(self.rates) if self.rates else None, model_url=model_store.url,
             output_url=self.output.url, index_version=self.model.index_version, precision=self.precision,
             device=str(self.device))
@@ -398,6 +423,9 @@ class Recipe:
         figure = Figure(figsize=(6, 3.5), dpi=100)
         axes = figure.add_subplot()
         draw_losses(axes, list(enumerate(self.losses, start=1)), self.dev_losses)
+        if self.mixed_dev_loss is not None:
+            axes.plot([self.step], [self.mixed_dev_loss], marker="*", markersize=12, linestyle="none",
+                      label=f"dev loss, saved weights ({self.config.weight_mix:g} fine-tuned)")
         axes.set_title(f"{self.config.task}: RAG-{self.config.kind.title()}, {self.dist.world_size} process(es)")
         axes.legend()
         figure.tight_layout()

@@ -21,8 +21,9 @@ from rag_core.errors import WikiragError
 from rag_core.index.encoders import EncoderConfig
 
 # Fields that may change between a run and its resumption: they do not change the trajectory.
+# weight_mix acts after the last step, so runs that differ only in it share their checkpoints
 RUN_CONTROL = frozenset({"max_steps", "eval_every", "max_dev_examples", "checkpoint_every", "keep_checkpoints",
-                         "log_every", "threads", "device", "activation_checkpointing", "rank_memory"})
+                         "log_every", "threads", "device", "activation_checkpointing", "rank_memory", "weight_mix"})
 
 
 class TrainConfigError(WikiragError):
@@ -81,6 +82,9 @@ class TrainConfig(BaseModel):
                             "rank, 0.78x the examples/s of memory kept, bench/rank_malloc_bench.py); fast = freed "
                             "memory kept for reuse, as in other processes")
     max_steps: int = Field(100, ge=0, description="optimizer steps in all (a resumed run counts those done)")
+    weight_mix: float = Field(1.0, gt=0.0, le=1.0, description="the saved model's weights: this share of the "
+                              "fine-tuned ones and the rest of the start's (WiSE-FT, Wortsman et al. 2022); 1 = the "
+                              "fine-tuned weights as trained")
     eval_every: int = Field(0, ge=0, description="dev loss every N steps; 0 = at the start and the end only")
     max_dev_examples: int = Field(256, ge=1, description="dev loss over at most the first N dev examples")
     checkpoint_every: int = Field(50, ge=0, description="checkpoint every N steps (and at the end); 0 = at the "
@@ -107,6 +111,7 @@ class TrainResult(BaseModel):
     losses: list[float]  # mean training loss of every step, step 1 first (resumed runs included)
     final_loss: float | None  # mean of the last min(10, steps) losses
     dev_losses: list[tuple[int, float]]  # (step, mean dev NLL per example), step 0 = before training
+    mixed_dev_loss: float | None = None  # the saved model's dev NLL when weight_mix < 1 (dev_losses: as trained)
     examples_per_s: float | None  # median training examples/s of this run's steps (after its first)
     model_url: str  # the saved RagModel (save_pretrained layout + manifest.json): checkpoints.load_model
     output_url: str  # <store>/<output>

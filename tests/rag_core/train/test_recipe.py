@@ -189,3 +189,32 @@ def test_a_frozen_question_encoder_is_left_out_of_the_optimizer(tiny: SimpleName
     assert tower and set(frozen) == set(trained) - tower  # the generator trains as before, the tower not at all
     assert not any(k.startswith("question_encoder.") for k in gradients(tiny, "runs/frozen-question-encoder"))
     assert logger.params["train_question_encoder"] is False
+
+
+def test_weight_mix_registers_the_midpoint_of_the_start_and_the_trained_weights(tiny: SimpleNamespace,
+                                                                               tmp_path: Path) -> None:
+    """WiSE-FT: checkpoints keep the weights as trained; the saved model is start + 0.5 * (trained - start)."""
+    logger = MemoryLogger()
+    mixed = make_config(tiny, "runs/mixed", weight_mix=0.5)
+    result = run(mixed, tiny.store, logger=logger)
+    trained = parameters(tiny, "runs/mixed", 2)
+    run(make_config(tiny, "runs/as-trained"), tiny.store)
+    assert max_difference(trained, parameters(tiny, "runs/as-trained", 2)) == 0.0  # the mix never reaches a checkpoint
+
+    start = {f"generator.{k}": v for k, v in load_file(Path(tiny.bart) / "model.safetensors").items()}
+    saved = dict(load_model(tiny.store.child("runs/mixed/model"), _retriever(tiny), tmp_path / "m").named_parameters())
+    shared = [name for name in start if name in trained]
+    moved = [name for name in shared if float((trained[name] - start[name]).abs().max()) > 1e-4]
+    assert len(moved) > 10  # the steps changed the weights: the midpoint differs from both ends
+    for name in shared:
+        torch.testing.assert_close(saved[name].detach(), (start[name] + trained[name]) / 2, rtol=0, atol=1e-6)
+    as_trained = load_model(tiny.store.child("runs/as-trained/model"), _retriever(tiny), tmp_path / "t")
+    assert all(torch.equal(p.detach(), trained[name]) for name, p in as_trained.named_parameters() if name in trained)
+
+    # the saved model has its own dev loss beside the trajectory's; a rerun of the finished run mixes from the start
+    assert result.mixed_dev_loss is not None and result.mixed_dev_loss != result.dev_losses[-1][1]
+    assert logger.metrics["mixed_dev_loss"] == [(2, result.mixed_dev_loss)]
+    again = run(mixed, tiny.store)
+    assert again.resumed_from == 2 and again.mixed_dev_loss == pytest.approx(result.mixed_dev_loss, abs=1e-6)
+    resaved = load_model(tiny.store.child("runs/mixed/model"), _retriever(tiny), tmp_path / "m2").named_parameters()
+    assert all(torch.equal(p.detach(), saved[name].detach()) for name, p in resaved)
