@@ -16,8 +16,10 @@ the published index of ``--home`` (LATEST) with the fetched SmolLM2-135M-Instruc
 - **train pairs**: the training examples the candidate read. ``main`` is the main job's data and
   recipe: no pairs answered by their page's own subject (``GeneratedQAConfig.subject_share`` 0),
   each pair's target the generator's own reply to it cut after the answer, with the pair's answer
-  in place of its own (``target="reader-lead"``). Others differ from it: ``spans*`` train on the
-  bare answer spans (``spans-every-subject-lr-2e-4`` is the main job's earlier recipe);
+  in place of its own (``target="reader-lead"``), and the saved weights halfway between the start's and the
+  trained ones (``weight_mix`` 0.5, WiSE-FT; the dev loss column is the weights as trained). Others differ from
+  it: ``as-trained`` / ``weight-mix-0.7`` keep all or 0.7 of the trained weights; ``spans*`` train on the
+  bare answer spans (``spans-every-subject-lr-2e-4``, as trained, is the main job's first recipe);
   ``every-subject`` / ``subject-0.1`` keep more subject-answered pairs; ``reader-check`` turns the
   round trip's reader half on (PAQ's consistency filter); ``self-targets`` / ``self-replies`` keep
   only the pairs the zero-shot reader answers from their best passage and train on its own words
@@ -73,7 +75,7 @@ CANDIDATES = {
     "blocks-all": {"train_generator_layers": None},
     # bare answer spans as targets
     "spans": SPANS,
-    "spans-every-subject-lr-2e-4": {**SPANS, "subject_share": 1.0, "lr": 2e-4},
+    "spans-every-subject-lr-2e-4": {**SPANS, "subject_share": 1.0, "lr": 2e-4, "weight_mix": 1.0},
     "spans-every-subject-lr-1e-6": {**SPANS, "subject_share": 1.0, "lr": 1e-6},
     # PAQ's round trip with the reader half on: the generator must also answer the pair from its best passage
     "reader-check": {"reader": "generator"},

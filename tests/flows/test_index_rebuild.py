@@ -368,6 +368,8 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert (qa_data["config"]["target"], qa_data["config"]["generator"]) == ("reader-lead", str(llama))
     assert qa_data["config"]["subject_share"] == 0.0 and "subject_capped" in qa_data["counts"]
     trained = client.get_model_version("wikirag-generated-qa", "1")
+    recipe_run = client.get_run(trained.run_id).data  # ShortRun's weight mix: the registered weights are a midpoint
+    assert recipe_run.params["weight_mix"] == "0.5" and "mixed_dev_loss" in recipe_run.metrics
     assert trained.tags["index_version"] == qa.tags["index_version"] == manifest["version"]
     assert {a.path for a in client.list_artifacts(trained.run_id, "plots")} >= {
         "plots/metrics_per_task.png", "plots/retrieval_recall.png", "plots/training_loss.png", "plots/loss_curve.png"}
