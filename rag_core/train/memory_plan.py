@@ -8,8 +8,9 @@ The parts (each rank holds its own copy of every one):
 - **runtime**: Python, torch, transformers and FAISS loaded, the tokenizers, the gloo group;
 - **weights**: both towers in float32 (training keeps float32 weights; bf16 is autocast only), counted from the
   safetensors headers without loading a tensor;
-- **optimizer**: gradient, Adam's m and v for every trained parameter (12 bytes each), and under bf16 autocast
-  the bf16 copy of each trained weight that autocast caches for a forward;
+- **optimizer**: gradient, Adam's m and v for every trained parameter (12 bytes each), under bf16 autocast
+  the bf16 copy of each trained weight that autocast caches for a forward, and with ``weight_mix`` below 1 the
+  float32 copy of each trained weight as it started (4 bytes);
 - **activations**: what the backward pass keeps for one micro-batch (``micro`` examples x ``n_docs`` prompt
   rows of about :data:`ROW_TOKENS` tokens): with activation checkpointing one ``hidden``-wide input per block and
   token plus one block recomputed at a time, without it every trained block's intermediate tensors;
@@ -125,7 +126,8 @@ def plan_memory(config: Any, index_manifest: Any | None, generator_dir: Path, en
     model_config = json.loads((generator_dir / "config.json").read_text())
     parameters = sum(_numel(s) for s, _ in generator.values()) + sum(_numel(s) for s, _ in encoder.values())
     trained = trained_count(generator, config.train_generator_layers) + trained_count(encoder, None)
-    optimizer = 12.0 * trained + (2.0 * trained if precision == "bfloat16" else 0.0)
+    optimizer = (12.0 * trained + (2.0 * trained if precision == "bfloat16" else 0.0)
+                 + (4.0 * trained if config.weight_mix < 1 else 0.0))
     layers = model_config.get("num_hidden_layers") or model_config.get("decoder_layers") or 1
     trained_blocks = min(layers, config.train_generator_layers or layers)
     micro = config.batch_size // (world_size * micro_steps(config, world_size))

@@ -60,6 +60,7 @@ def test_the_plan_grows_with_what_a_rank_holds(tiny: SimpleNamespace) -> None:
     assert plan(n_docs=2, grad_accum=1).activations == pytest.approx(4 * base.activations)  # 4 examples at once
     assert plan(n_docs=2, activation_checkpointing=False).activations > base.activations
     assert plan(n_docs=2, train_generator_layers=1).optimizer < base.optimizer
+    assert plan(n_docs=2, weight_mix=0.5).optimizer == pytest.approx(base.optimizer + 4 * base.trained)  # the start
     assert plan(n_docs=2, rank_memory="fast").runtime > base.runtime  # ranks that keep their freed heap
     assert plan_memory(_config(tiny), None, Path(tiny.llama), encoder, world_size=2, precision="float32").index == 0
 
