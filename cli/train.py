@@ -8,7 +8,7 @@ import logging
 
 from cli.options import add_nproc, add_store, config_option, train_layers
 from rag_core.errors import WikiragError
-from rag_core.train.jobs import TRAINED_BLOCKS, FinetuneRequest, PromotionGate
+from rag_core.train.jobs import TRAINED_BLOCKS, FinetuneRequest, PromotionGate, ShortRun
 from rag_core.train.loaders import TASK_KINDS
 from rag_core.train.train_config import TrainConfig
 from runtime.settings import Settings
@@ -106,7 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     config_option(tune, "--n-docs", TrainConfig, "n_docs", "passages per question (default {default})")
     config_option(tune, "--weight-mix", TrainConfig, "weight_mix", "register this share of the fine-tuned weights "
                   "and the rest of the start's (default {default:g}: the fine-tuned weights as trained; the main job "
-                  "uses 0.5, WiSE-FT)")
+                  f"uses {ShortRun().weight_mix:g}, WiSE-FT)")
     tune.add_argument("--train-layers", type=train_layers, metavar="N|all", help="train only the generator's last "
                       f"N decoder blocks, freezing the rest (default {TRAINED_BLOCKS}: cheaper steps, and SmolLM2's "
                       "ranks stay under 4 GB each); all: every parameter, the paper's (a seq2seq generator's encoder "
