@@ -2,7 +2,8 @@
 zero-shot and fine-tuned.
 
 Zero-shot rows: one model (the index's question encoder, the published sample index, the default
-generator from ``wikirag models fetch``), read as RAG-Sequence, as RAG-Token and closed-book.
+generator from ``wikirag models fetch``), read as RAG-Sequence, as RAG-Token and closed-book, and as
+RAG-Sequence with span choice off (its free reply: the side-by-side baseline of RagConfig.grounded).
 Fine-tuned rows: registered models (``--model LABEL=URI``, e.g. the main job's
 ``models:/wikirag-qa/1``), each with its own question encoder and kind. All rows answer the same
 questions: a split (``--split``, default test) of bench/questions.py's set (the written questions,
@@ -10,7 +11,7 @@ and the NQ-open, WebQuestions and CuratedTrec questions answerable from the samp
 reader was tuned on, test is held out).
 
 The reader is rag_core's default: short answers (rag_core.model.extract), RAG-Sequence's best
-candidate whose answer is in its passages, grounded decoding off (RagConfig.grounded), ``--decoding``
+candidate whose answer is in its passages, else the likeliest passage span (RagConfig.grounded), ``--decoding``
 fast (the main job's gate) or thorough (``wikirag ask``'s). Reported: exact match and token F1
 (SQuAD normalisation: lower case, no punctuation or articles), answer-in-output (a normalised
 answer occurs in the normalised output, whole words), mean and median answer words, seconds per
@@ -39,7 +40,8 @@ from questions import SPLITS, article_texts, sample_questions  # noqa: E402
 from report import RunInfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ZERO_SHOT = ("closed-book", "RAG-Sequence", "RAG-Token")
+FREE = "RAG-Sequence, free reply"  # span choice off: the side-by-side baseline of RagConfig.grounded
+ZERO_SHOT = ("closed-book", FREE, "RAG-Sequence", "RAG-Token")
 GOAL_IN_OUTPUT, GOAL_RATIO, GOAL_MEDIAN_WORDS, GOAL_GAIN = 0.65, 2.5, 6, 0.10
 
 
@@ -135,8 +137,9 @@ def main() -> int:
         with torch.no_grad():
             batch = zero.retrieve(questions, args.n_docs)
         recall["zero-shot"] += recalls(batch, chunk)
-        for name, kind in (("closed-book", "sequence"), ("RAG-Sequence", "sequence"), ("RAG-Token", "token")):
-            zero.config = zero.config.model_copy(update={"kind": kind})  # closed-book decodes as the gate's does
+        for name, kind in (("closed-book", "sequence"), (FREE, "sequence"), ("RAG-Sequence", "sequence"),
+                           ("RAG-Token", "token")):  # closed-book decodes as the gate's does
+            zero.config = zero.config.model_copy(update={"kind": kind, "grounded": name != FREE})
             timed(name, zero, zero.closed_book(questions) if name == "closed-book" else batch)
         for label, model in tuned.items():
             with torch.no_grad():
@@ -161,10 +164,13 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
     counts = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
     done = f"{n}" if n == total else f"the first {n} of {total}, a run stopped early"
     kinds = {label: model.config.kind for label, model in tuned.items()}
+    choice = {label: "span choice " + ("on" if model.config.grounded else "off") for label, model in tuned.items()}
     lines = [f"## Answer quality on the {args.split} split of the project's questions ({done}: {counts}; "
-             f"n_docs={args.n_docs}, grounded decoding off)", "",
+             f"n_docs={args.n_docs})", "",
              *info.markdown_header(), *(f"- {note}" for note in notes),
-             *(f"- {label}: `{uri}` ({kinds[label]})" for label, uri in args.registered.items()), "",
+             *(f"- {label}: `{uri}` ({kinds[label]}, {choice[label]})" for label, uri in args.registered.items()),
+             f"- {FREE}: RAG-Sequence answering with its best reply as generated (RagConfig.grounded off); "
+             "the other RAG rows answer with the likeliest passage span where no reply is in the passages", "",
              "| system | exact match | token F1 | answer in output | mean words | median words | recall@n_docs "
              "| reader: answer in output where retrieved | s / question |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -194,6 +200,10 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
     ratio = best / closed if closed else float("inf")
     median = min(medians["RAG-Sequence"], medians["RAG-Token"])
     verdict = {True: "PASS", False: "FAIL"}
+    lines += ["", f"Span choice against the free reply (RAG-Sequence): EM "
+                  f"{(means['RAG-Sequence']['em'] - means[FREE]['em']) * 100:+.1f} points, answer-in-output "
+                  f"{(means['RAG-Sequence']['in_output'] - means[FREE]['in_output']) * 100:+.1f} points, time "
+                  f"x{seconds['RAG-Sequence'] / max(seconds[FREE], 1e-9):.2f}."]
     lines += ["", f"Goals (best zero-shot RAG row): answer-in-output >= {GOAL_IN_OUTPUT:.0%}: {best:.1%} "
                   f"({verdict[best >= GOAL_IN_OUTPUT]}); >= {GOAL_RATIO}x closed-book: {ratio:.2f}x "
                   f"({verdict[ratio >= GOAL_RATIO]}); median words <= {GOAL_MEDIAN_WORDS}: {median:g} "

@@ -36,7 +36,6 @@ from rag_core.model.decoding import (
     _token_mask,
 )
 from rag_core.model.generators import positions
-from rag_core.model.grounded_decoding import PassageSpans, SpanConstrainedStepper
 
 __all__ = ["causal_sequence_generate", "causal_token_generate"]
 
@@ -106,12 +105,10 @@ def _config(model, settings: dict):
 
 @torch.no_grad()
 def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int, *,
-                          num_return_sequences: int = 1, spans: Sequence[PassageSpans] | None = None,
-                          **settings) -> Tensor:
+                          num_return_sequences: int = 1, **settings) -> Tensor:
     """RAG-Token decoding; settings as in :func:`rag_core.model.decoding.rag_token_generate`.
 
-    ``max_length`` counts the placeholder column (``max_new_tokens`` = answer tokens). ``spans``, one
-    per question (its passages' spans): grounded decoding (:mod:`rag_core.model.grounded_decoding`).
+    ``max_length`` counts the placeholder column (``max_new_tokens`` = answer tokens).
     Returns ``[batch * num_return_sequences, T]``: placeholder, answer tokens, pad after the stop token.
     """
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
@@ -122,9 +119,6 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
     prefill = _Prefill(model, input_ids, mask)
     prompt_rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     stepper = _MarginalStepper(model, prefill, prompt_rows, doc_scores, n_docs, config.num_beams)
-    if spans is not None:
-        stepper = SpanConstrainedStepper(stepper, _one_per(spans, doc_scores.shape[0]), config.num_beams,
-                                         config.eos_token_id)
     if config.num_beams == 1:
         return _pad_after_eos(_greedy(stepper, config, doc_scores.shape[0]), config)
     return _pad_after_eos(_beam_search(stepper, config, doc_scores.shape[0], num_return_sequences), config)
@@ -133,12 +127,8 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
 @torch.no_grad()
 def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int, *,
                              mode: str = "thorough", num_return_sequences: int = 1,
-                             spans: Sequence[PassageSpans] | None = None, **settings) -> SequenceHypotheses:
-    """RAG-Sequence decoding, ``mode`` "thorough" or "fast"; the best candidates and their log p(y|x).
-
-    ``spans``, one per prompt row (question-major, ``batch * n_docs``): each document's search emits only
-    spans of its own passage (grounded decoding); scoring and ranking stay unconstrained p(y|x).
-    """
+                             **settings) -> SequenceHypotheses:
+    """RAG-Sequence decoding, ``mode`` "thorough" or "fast"; the best candidates and their log p(y|x)."""
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
     if mode not in ("thorough", "fast"):
         raise ValueError(f"mode must be 'thorough' or 'fast', got {mode!r}")
@@ -148,8 +138,6 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
     prompts = torch.arange(batch * n_docs, device=device)  # [batch * n_docs]: every prompt on its own
     alone = torch.zeros(batch * n_docs, 1, device=device)  # one document each: p(z|x) = 1
     stepper = _MarginalStepper(model, prefill, prompts, alone, 1, beams)
-    if spans is not None:
-        stepper = SpanConstrainedStepper(stepper, _one_per(spans, batch * n_docs), beams, config.eos_token_id)
     if beams == 1:
         outputs = _greedy(stepper, config, batch * n_docs)  # [batch * n_docs, T]
     else:
@@ -176,14 +164,14 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
     return _select(found, num_return_sequences, config)
 
 
-def _one_per(spans: Sequence[PassageSpans], rows: int) -> Sequence[PassageSpans]:
-    if len(spans) != rows:
-        raise ValueError(f"spans: one PassageSpans per row to decode ({rows}), got {len(spans)}")
-    return spans
-
-
 def _score(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
     """log p(y | prompt) of each (prompt row, sequence) pair, from the prefill cache: ``[pairs]``."""
+    return _token_scores(model, prefill, prompt_rows, sequences, config).sum(dim=1)
+
+
+def _token_scores(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
+    """log p(y_t | prompt, y_<t) of each (prompt row, sequence) pair's answer tokens, 0 after its stop token:
+    ``[pairs, T - 1]``."""
     answer = sequences[:, 1:]  # [pairs, T - 1]: without the placeholder
     token_ll = prefill.first_logprobs[prompt_rows].gather(1, answer[:, :1])  # [pairs, 1]: the first token
     if answer.shape[1] > 1:
@@ -194,4 +182,75 @@ def _score(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tensor, con
                        use_cache=True).logits  # [pairs, T - 2, V]
         rest = torch.log_softmax(logits.float(), dim=-1).gather(-1, answer[:, 1:].unsqueeze(-1)).squeeze(-1)
         token_ll = torch.cat([token_ll, rest], dim=1)  # [pairs, T - 1]
-    return token_ll.masked_fill(~_token_mask(sequences, config), 0.0).sum(dim=1)  # [pairs]
+    return token_ll.masked_fill(~_token_mask(sequences, config), 0.0)  # [pairs, T - 1]
+
+
+@torch.no_grad()
+def causal_span_scores(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int,
+                       candidates: Sequence[Sequence[Sequence[int]]], *, kind: str = "sequence", keep: int = 128,
+                       **settings) -> list[tuple[list[int], Tensor]]:
+    """RAG's log p(y|x) of given answers: per question, its ``candidates`` (token lists, each ending with its
+    stop token) scored under every document, marginalised as ``kind`` says -- "sequence":
+    logsumexp_z [log p(z|x) + log p(y|x,z)]; "token": sum_t logsumexp_z [log p(z|x) + log p(y_t|x,z,y_<t)].
+
+    Only the ``keep`` candidates whose first token is likeliest under the marginal are scored in full (a
+    passage has hundreds of spans; the one a reader would say starts with a token the generator already
+    favours). Each prompt runs once, and all of a question's candidates then run in one row per document
+    (:func:`_packed_token_scores`). Returns per question the indices of the candidates scored, in their
+    order, and their scores ``[kept]`` (none: empty).
+    """
+    mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
+    if kind not in ("sequence", "token"):
+        raise ValueError(f"kind must be 'sequence' or 'token', got {kind!r}")
+    if len(candidates) != doc_scores.shape[0]:
+        raise ValueError(f"candidates: one list per question ({doc_scores.shape[0]}), got {len(candidates)}")
+    device = input_ids.device
+    prefill = _Prefill(model, input_ids, mask)
+    doc_logprobs = torch.log_softmax(doc_scores.float(), dim=1)  # [batch, n_docs]
+    found = []
+    for b, rows in enumerate(candidates):
+        if not rows:
+            found.append(([], torch.zeros(0, device=device)))
+            continue
+        prompts = b * n_docs + torch.arange(n_docs, device=device)  # [n_docs]
+        firsts = torch.tensor([row[0] for row in rows], device=device)  # [C]
+        first = torch.logsumexp(prefill.first_logprobs[prompts][:, firsts] + doc_logprobs[b, :, None], dim=0)
+        kept = sorted(first.topk(min(keep, len(rows))).indices.tolist())  # [K], in the candidates' order
+        ll = _packed_token_scores(model, prefill, prompts, [rows[k] for k in kept])  # [n_docs, K, T]
+        if kind == "sequence":
+            scores = torch.logsumexp(ll.sum(dim=2) + doc_logprobs[b, :, None], dim=0)  # [K]
+        else:  # past a candidate's end each mixture is sum_z p(z|x) = 1
+            scores = torch.logsumexp(ll + doc_logprobs[b, :, None, None], dim=0).sum(dim=1)  # [K]
+        found.append((kept, scores))
+    return found
+
+
+def _packed_token_scores(model, prefill: _Prefill, prompt_rows: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:
+    """log p(y_t | prompt, y_<t) of each of ``rows`` (token lists) under each of ``prompt_rows``:
+    ``[prompts, rows, T]``, 0 past a row's end.
+
+    All rows ride in one sequence behind each prompt's cache, each token attending to the prompt and to
+    its own row's earlier tokens only (a 4D mask; positions restart at the prompt's end for every row), so
+    the cache is copied once per prompt, not once per row, and a row costs only its own tokens.
+    """
+    device = prefill.mask.device
+    n, k, width = len(prompt_rows), len(rows), max(len(row) for row in rows)
+    scores = torch.zeros(n, k, width, device=device)
+    scores[:, :, 0] = prefill.first_logprobs[prompt_rows][:, [row[0] for row in rows]]  # [n, k]
+    owner = torch.tensor([r for r, row in enumerate(rows) for _ in row[1:]], device=device, dtype=torch.long)
+    if not len(owner):
+        return scores
+    step = torch.tensor([t for row in rows for t in range(len(row) - 1)], device=device)  # [W]
+    feed = torch.tensor([token for row in rows for token in row[:-1]], device=device)  # [W]: predicts the next
+    target = torch.tensor([token for row in rows for token in row[1:]], device=device)  # [W]
+    own = (owner[:, None] == owner[None, :]) & (step[None, :] <= step[:, None])  # [W, W]
+    prompt = prefill.mask[prompt_rows].bool()[:, None, :].expand(n, len(feed), -1)  # [n, W, L]
+    allowed = torch.cat([prompt, own.expand(n, -1, -1)], dim=2)[:, None]  # [n, 1, W, L + W]
+    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":  # eager adds its mask to the scores
+        allowed = torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    position = prefill.next_position[prompt_rows][:, None] + step[None, :]  # [n, W]
+    logits = model(input_ids=feed.expand(n, -1), attention_mask=allowed, position_ids=position,
+                   cache=prefill.cache_rows(prompt_rows), use_cache=True).logits  # [n, W, V]
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, target.expand(n, -1)[..., None])[..., 0]
+    scores[:, owner, step + 1] = logprobs  # [n, W] into [n, k, width]
+    return scores

@@ -23,9 +23,9 @@ by rules that read only the reply and the question, in this order:
 :func:`grounded_choice` is the reader's last step for RAG-Sequence: of the candidates ranked by
 p(y|x), the best whose short answer occurs, whole words after SQuAD normalisation, in one of the
 passages the question retrieved and is not made of the question's own words (:func:`is_grounded`);
-the best overall when none does. When none does and ``RagConfig.grounded`` is set (off by default), the
-reader decodes again under the grounded mask (:mod:`rag_core.model.grounded_decoding`), behind the reply's
-:func:`lead_in`. A small generator's likelihoods
+the best overall when none does. When none does and ``RagConfig.grounded`` is set (the default), the
+reader answers instead with the one of :func:`passage_spans` that the generator finds likeliest
+(:func:`rag_core.model.causal_decoding.causal_span_scores`). A small generator's likelihoods
 favour short, fluent replies whatever the passages say ("Djokovic" over a sentence naming the player
 the passage names); the text of the passages does not.
 
@@ -190,8 +190,53 @@ def grounded_choice(answers: Sequence[str], passages: Sequence[str], question: s
     return next((i for i, answer in enumerate(answers) if is_grounded(answer, passages, question)), 0)
 
 
-def lead_in(reply: str, answer: str) -> str:
-    """The words of ``reply`` before its answer span ``answer`` ("The capital of Alaska is"); "" when the reply
-    starts with it or does not hold it."""
-    at = " ".join(reply.split()).find(answer) if answer else -1
-    return " ".join(reply.split())[:at].rstrip() if at > 0 else ""
+# Words an answer span neither starts nor ends with, nor holds (but for the links inside a name).
+_SPAN_STOP = FUNCTION_WORDS | frozenset(
+    "be been being but by for if into onto over under about after before during while since until between among "
+    "such other more most some any all each both one than then there here can could would should will may might "
+    "he she they we you i".split())
+_NAME_LINKS = frozenset("of de la le del der van von da du the and al y".split())
+_SPAN_BREAK = re.compile(r"[.;:!?()\[\]]")
+
+
+def passage_spans(passage: str, question: str = "", max_words: int = 4) -> list[str]:
+    """The answers ``passage`` could give, as its own text, in passage order: runs of up to ``max_words`` words
+    within a clause (no full stop, colon or bracket inside) that neither start nor end with a function word
+    ("of", "the", "was", ...). A run of capitalised words and numbers may hold a name's links ("Treaty of
+    Paris", "July 16, 1969"); any other run is one or two words ("sulfuric acid"). A final "'s" is dropped,
+    and a run made only of the question's own words (after SQuAD normalisation) is left out, as in
+    :func:`is_grounded`."""
+    words = []  # (start, end, core, breaks after)
+    for match in re.finditer(r"\S+", passage):
+        token = match.group(0)
+        core = token.strip(_WORD_EDGES)
+        if not core:
+            words.append((0, 0, "", True))
+            continue
+        at = match.start() + token.index(core)
+        tail = token[token.index(core) + len(core):]
+        words.append((at, at + len(core), core, bool(_SPAN_BREAK.search(tail))))
+        if words[-1][2] and _SPAN_BREAK.search(token[: token.index(core)]) and len(words) > 1:
+            words[-2] = (*words[-2][:3], True)  # "(born 1809)": the bracket ends the run before it
+    asked = set(normalize_answer(question).split())
+    found: dict[str, None] = {}
+    for i, (start, _, first, _) in enumerate(words):
+        if not first or first.lower() in _SPAN_STOP:
+            continue
+        for j in range(i, min(len(words), i + max_words)):
+            if j > i and words[j - 1][3]:
+                break
+            core = [w[2] for w in words[i:j + 1]]
+            if not core[-1] or core[-1].lower() in _SPAN_STOP:
+                continue
+            name = all(w[0].isupper() or w[0].isdigit() or w.lower() in _NAME_LINKS for w in core)
+            if not name and (len(core) > 2 or any(w.lower() in _SPAN_STOP for w in core)):
+                continue
+            if any(w.lower() in _SPAN_STOP and w.lower() not in _NAME_LINKS for w in core):
+                continue
+            text = passage[start:words[j][1]]
+            text = text[:-2] if text.endswith(("'s", "’s")) else text
+            said = normalize_answer(text)
+            if said and not set(said.split()) <= asked:
+                found.setdefault(text)
+    return list(found)

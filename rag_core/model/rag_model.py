@@ -92,7 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from rag_core.index.encoders import EncoderConfig, weights_sha256
-from rag_core.model.extract import grounded_choice, is_grounded, lead_in, short_answer
+from rag_core.model.extract import grounded_choice, is_grounded, passage_spans, short_answer
 from rag_core.model.generators import (
     GeneratorConfig,
     RagModelError,
@@ -101,7 +101,6 @@ from rag_core.model.generators import (
     family_of,
     load_generator,
 )
-from rag_core.model.grounded_decoding import PassageSpans
 from rag_core.model.marginalize import rag_sequence_nll, rag_token_nll
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.retriever import IndexRetriever
@@ -132,11 +131,10 @@ class RagConfig(BaseModel):
     short_answers: bool = Field(True, description="generate() returns each reply's answer span, RAG-Sequence the "
                                                   "best one found in its passages (rag_core.model.extract); "
                                                   "False: the best reply as generated (Jeopardy, MS-MARCO)")
-    grounded: bool = Field(False, description="with short_answers and a decoder-only generator: decode a reply "
-                                              "whose answer is in none of its passages again, under a mask that "
-                                              "admits only passage spans (rag_core.model.grounded_decoding). Off: "
-                                              "when retrieval misses, a forced span is a wrong answer taken from "
-                                              "an unrelated passage")
+    grounded: bool = Field(True, description="with short_answers and a decoder-only generator: a question none "
+                                             "of whose replies is in its passages answers instead with the span of "
+                                             "its passages that has the highest p(y|x) (rag_core.model.extract."
+                                             "passage_spans). Off: the best reply as generated")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
     device: str = Field("auto", description="torch device for both towers; auto = rag_core.perf.device.choose_device "
@@ -333,9 +331,9 @@ class RagModel(nn.Module):
         (:func:`rag_core.model.extract.short_answer`: "The capital of Algeria is Algiers." -> "Algiers"),
         and RAG-Sequence answers with its best candidate whose span is in the question's passages
         (:func:`rag_core.model.extract.grounded_choice`). With ``config.grounded`` and a decoder-only
-        generator, a question whose answer is in none of its passages is decoded again under
-        :mod:`rag_core.model.grounded_decoding`'s mask, behind its reply's lead-in ("The capital of
-        Alaska is" + a passage span), and answers with that span when it is grounded.
+        generator, a question whose replies are in none of its passages answers with the span of its passages
+        (:func:`rag_core.model.extract.passage_spans`) that has the highest p(y|x) under ``config.kind``
+        (:func:`rag_core.model.causal_decoding.causal_span_scores`).
         ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
         start token).
         """
@@ -356,22 +354,15 @@ class RagModel(nn.Module):
                 return [text.strip() for text in texts]
             answers, grounded = self._pick(batch, texts, scores, ranked)
             if self.family.is_decoder_only and self.config.grounded and any(batch.texts) and not all(grounded):
-                # a reply that left its passages: decode again, each row behind its reply's lead-in, under the mask
-                leads = [lead_in(texts[row * ranked], answer) for row, answer in enumerate(answers)]
-                prefixes = [self.generator_tokenizer(lead, add_special_tokens=False)["input_ids"] if lead else []
-                            for lead in leads]
-                again, again_scores, _ = self._decode(batch, settings, prefixes)
-                for row, (answer, ok) in enumerate(zip(*self._pick(batch, again, again_scores, ranked), strict=True)):
-                    if not grounded[row] and ok:
-                        answers[row] = answer
+                # a reply that left its passages: the likeliest answer that stays in them
+                for row, span in self._best_spans(batch, [row for row, ok in enumerate(grounded) if not ok]).items():
+                    answers[row] = span
         finally:
             self.train(was_training)
         return answers
 
-    def _decode(self, batch: RetrievalBatch, settings: dict[str, Any],
-                prefixes: list[list[int]] | None = None) -> tuple[list[str], Tensor | None, int]:
-        """Replies (RAG-Sequence: ``ranked`` per question, best first, and their log p(y|x)); with ``prefixes``
-        (one per question), grounded decoding behind them, which the replies do not hold."""
+    def _decode(self, batch: RetrievalBatch, settings: dict[str, Any]) -> tuple[list[str], Tensor | None, int]:
+        """Replies (RAG-Sequence: ``ranked`` per question, best first, and their log p(y|x))."""
         from rag_core.model import causal_decoding, decoding
 
         settings = dict(settings)
@@ -379,11 +370,6 @@ class RagModel(nn.Module):
         if self.family.is_decoder_only:
             token, sequence = causal_decoding.causal_token_generate, causal_decoding.causal_sequence_generate
             settings.update(eos_token_id=self.family.stop_token_ids, pad_token_id=self.family.pad_token_id)
-            if prefixes is not None:
-                settings["spans"] = self._spans(batch, prefixes)
-                longest = max(map(len, prefixes))  # forced tokens do not count against the answer's length
-                length = "max_new_tokens" if "max_new_tokens" in settings else "max_length"
-                settings[length] += longest
         else:
             token, sequence = decoding.rag_token_generate, decoding.rag_sequence_generate
         inputs = (self.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores,
@@ -397,8 +383,6 @@ class RagModel(nn.Module):
             found = sequence(*inputs, mode=mode, num_return_sequences=ranked, **settings)
             ids, scores = found.sequences, found.scores  # [b * ranked, T], best first per question
         rows = ids[:, 1:].tolist()  # after the start token
-        if prefixes is not None:
-            rows = [row[len(prefixes[i // ranked]):] for i, row in enumerate(rows)]
         return self.generator_tokenizer.batch_decode(rows, skip_special_tokens=True), scores, ranked
 
     def _pick(self, batch: RetrievalBatch, texts: list[str], scores: Tensor | None,
@@ -416,16 +400,23 @@ class RagModel(nn.Module):
             grounded.append(is_grounded(answers[-1], passages, question))
         return answers, grounded
 
-    def _spans(self, batch: RetrievalBatch, prefixes: list[list[int]]) -> list[PassageSpans]:
-        """What grounded decoding may emit, behind each question's prefix: RAG-Token, one trie per question over
-        all its passages; RAG-Sequence, one per (question, passage), as each passage's search proposes its own."""
-        tokenizer = self.generator_tokenizer
-        if self.config.kind == "token":
-            return [PassageSpans(tokenizer, [*titles, *texts]).after(prefix)
-                    for titles, texts, prefix in zip(batch.titles, batch.texts, prefixes, strict=True)]
-        return [PassageSpans(tokenizer, [title, text]).after(prefix)
-                for titles, texts, prefix in zip(batch.titles, batch.texts, prefixes, strict=True)
-                for title, text in zip(titles, texts, strict=True)]
+    def _best_spans(self, batch: RetrievalBatch, rows: list[int]) -> dict[int, str]:
+        """Per question ``rows[i]`` with spans in its passages, the span with the highest p(y|x)."""
+        from rag_core.model.causal_decoding import causal_span_scores
+
+        n, eos = batch.n_docs, self.family.eos_token_id
+        spans = [list(dict.fromkeys(span for title, text in zip(batch.titles[row], batch.texts[row], strict=True)
+                                    for part in (title, text) for span in passage_spans(part, batch.questions[row])))
+                 for row in rows]
+        tokens = [[ids + [eos] for ids in self.generator_tokenizer(mine, add_special_tokens=False)["input_ids"]]
+                  if mine else [] for mine in spans]
+        prompts = torch.tensor([row * n + z for row in rows for z in range(n)], device=batch.context_input_ids.device)
+        found = causal_span_scores(self.generator, batch.context_input_ids[prompts],
+                                   batch.context_attention_mask[prompts], batch.doc_scores[rows], n, tokens,
+                                   kind=self.config.kind, eos_token_id=self.family.stop_token_ids,
+                                   pad_token_id=self.family.pad_token_id)
+        return {row: mine[kept[int(scores.argmax())]]
+                for row, mine, (kept, scores) in zip(rows, spans, found, strict=True) if kept}
 
     # -- saving and loading --------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_core.model.extract import grounded_choice, is_grounded, lead_in, short_answer
+from rag_core.model.extract import grounded_choice, is_grounded, short_answer
 
 CASES = [
     # a sentence that restates the question around a copula
@@ -101,19 +101,3 @@ def test_an_answer_made_of_the_questions_words_is_not_grounded() -> None:
     assert is_grounded("Agassi", PASSAGES)  # without the question, the passage alone decides
     assert not is_grounded("", PASSAGES, question)
     assert grounded_choice(["Agassi", "Steffi Graf"], PASSAGES, question) == 1
-
-
-LEAD_INS = [  # (reply, its answer span by short_answer, the lead-in grounded decoding is forced behind)
-    ("The capital of Alaska is Anchorage.", "Anchorage", "The capital of Alaska is"),
-    ("A Modest Proposal was published in 1984.", "1984", "A Modest Proposal was published in"),
-    ("The answer is:  1969", "1969", "The answer is:"),
-    ("Anchorage", "Anchorage", ""),  # the reply is its answer: nothing to force
-    ("Ayn Rand's novel \"The Fountainhead\"", "The Fountainhead", "Ayn Rand's novel \""),
-    ("The author is not named", "Tolstoy", ""),  # a span the reply does not hold
-    ("", "", ""),
-]
-
-
-@pytest.mark.parametrize(("reply", "answer", "expected"), LEAD_INS, ids=[c[0][:30] or "empty" for c in LEAD_INS])
-def test_lead_in_is_the_reply_before_its_answer(reply: str, answer: str, expected: str) -> None:
-    assert lead_in(reply, answer) == expected
