@@ -37,11 +37,12 @@ from rag_core.model.decoding import (
 )
 from rag_core.model.generators import positions
 
-__all__ = ["causal_sequence_generate", "causal_token_generate"]
+__all__ = ["Prefill", "causal_sequence_generate", "causal_span_scores", "causal_token_generate"]
 
 
-class _Prefill:
-    """Every prompt run once: its cache, mask, next position and the first answer token's log-probs."""
+class Prefill:
+    """Every prompt run once: its cache, mask, next position and the first answer token's log-probs. Decoding
+    and span scoring only read it (each takes its own copies of cache rows), so one serves both."""
 
     def __init__(self, model, input_ids: Tensor, mask: Tensor) -> None:
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
@@ -61,7 +62,7 @@ class _Prefill:
 class _MarginalStepper:
     """``decoding``'s decoder interface over a prefill: steps every (example, beam, document) row."""
 
-    def __init__(self, model, prefill: _Prefill, prompt_rows: Tensor, doc_scores: Tensor, n_docs: int, beams: int):
+    def __init__(self, model, prefill: Prefill, prompt_rows: Tensor, doc_scores: Tensor, n_docs: int, beams: int):
         batch, self.device = doc_scores.shape[0], prompt_rows.device
         rows = prompt_rows.view(batch, 1, n_docs).expand(batch, beams, n_docs).reshape(-1)  # [batch*beams*n_docs]
         self.model, self.n_docs, self.started = model, n_docs, False
@@ -105,10 +106,11 @@ def _config(model, settings: dict):
 
 @torch.no_grad()
 def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int, *,
-                          num_return_sequences: int = 1, **settings) -> Tensor:
+                          num_return_sequences: int = 1, prefill: Prefill | None = None, **settings) -> Tensor:
     """RAG-Token decoding; settings as in :func:`rag_core.model.decoding.rag_token_generate`.
 
-    ``max_length`` counts the placeholder column (``max_new_tokens`` = answer tokens).
+    ``max_length`` counts the placeholder column (``max_new_tokens`` = answer tokens). ``prefill``: the
+    prompts' :class:`Prefill`, when the caller made it (else made here).
     Returns ``[batch * num_return_sequences, T]``: placeholder, answer tokens, pad after the stop token.
     """
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
@@ -116,7 +118,7 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
     if not 1 <= num_return_sequences <= config.num_beams:
         raise ValueError(f"num_return_sequences must be in [1, num_beams={config.num_beams}], "
                          f"got {num_return_sequences}")
-    prefill = _Prefill(model, input_ids, mask)
+    prefill = prefill or Prefill(model, input_ids, mask)
     prompt_rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     stepper = _MarginalStepper(model, prefill, prompt_rows, doc_scores, n_docs, config.num_beams)
     if config.num_beams == 1:
@@ -126,15 +128,16 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
 
 @torch.no_grad()
 def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int, *,
-                             mode: str = "thorough", num_return_sequences: int = 1,
+                             mode: str = "thorough", num_return_sequences: int = 1, prefill: Prefill | None = None,
                              **settings) -> SequenceHypotheses:
-    """RAG-Sequence decoding, ``mode`` "thorough" or "fast"; the best candidates and their log p(y|x)."""
+    """RAG-Sequence decoding, ``mode`` "thorough" or "fast"; the best candidates and their log p(y|x).
+    ``prefill`` as in :func:`causal_token_generate`."""
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
     if mode not in ("thorough", "fast"):
         raise ValueError(f"mode must be 'thorough' or 'fast', got {mode!r}")
     config = _config(model, settings)
     batch, beams, device = doc_scores.shape[0], config.num_beams, input_ids.device
-    prefill = _Prefill(model, input_ids, mask)
+    prefill = prefill or Prefill(model, input_ids, mask)
     prompts = torch.arange(batch * n_docs, device=device)  # [batch * n_docs]: every prompt on its own
     alone = torch.zeros(batch * n_docs, 1, device=device)  # one document each: p(z|x) = 1
     stepper = _MarginalStepper(model, prefill, prompts, alone, 1, beams)
@@ -164,12 +167,12 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
     return _select(found, num_return_sequences, config)
 
 
-def _score(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
+def _score(model, prefill: Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
     """log p(y | prompt) of each (prompt row, sequence) pair, from the prefill cache: ``[pairs]``."""
     return _token_scores(model, prefill, prompt_rows, sequences, config).sum(dim=1)
 
 
-def _token_scores(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
+def _token_scores(model, prefill: Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
     """log p(y_t | prompt, y_<t) of each (prompt row, sequence) pair's answer tokens, 0 after its stop token:
     ``[pairs, T - 1]``."""
     answer = sequences[:, 1:]  # [pairs, T - 1]: without the placeholder
@@ -187,17 +190,18 @@ def _token_scores(model, prefill: _Prefill, prompt_rows: Tensor, sequences: Tens
 
 @torch.no_grad()
 def causal_span_scores(model, input_ids: Tensor, attention_mask: Tensor, doc_scores: Tensor, n_docs: int,
-                       candidates: Sequence[Sequence[Sequence[int]]], *, kind: str = "sequence", keep: int = 128,
-                       **settings) -> list[tuple[list[int], Tensor]]:
+                       candidates: Sequence[Sequence[Sequence[int]]], *, kind: str = "sequence", keep: int = 64,
+                       always: int = 0, prefill: Prefill | None = None) -> list[tuple[list[int], Tensor]]:
     """RAG's log p(y|x) of given answers: per question, its ``candidates`` (token lists, each ending with its
     stop token) scored under every document, marginalised as ``kind`` says -- "sequence":
     logsumexp_z [log p(z|x) + log p(y|x,z)]; "token": sum_t logsumexp_z [log p(z|x) + log p(y_t|x,z,y_<t)].
 
     Only the ``keep`` candidates whose first token is likeliest under the marginal are scored in full (a
     passage has hundreds of spans; the one a reader would say starts with a token the generator already
-    favours). Each prompt runs once, and all of a question's candidates then run in one row per document
-    (:func:`_packed_token_scores`). Returns per question the indices of the candidates scored, in their
-    order, and their scores ``[kept]`` (none: empty).
+    favours); the first ``always`` of each question's candidates are scored whatever their first token. Each
+    prompt runs once (``prefill`` as in :func:`causal_token_generate`), and all of a question's candidates then
+    run in one row per document (:func:`_packed_token_scores`). Returns per question the indices of the
+    candidates scored, in their order, and their scores ``[kept]`` (none: empty).
     """
     mask = _check_inputs(input_ids, attention_mask, doc_scores, n_docs)
     if kind not in ("sequence", "token"):
@@ -205,7 +209,7 @@ def causal_span_scores(model, input_ids: Tensor, attention_mask: Tensor, doc_sco
     if len(candidates) != doc_scores.shape[0]:
         raise ValueError(f"candidates: one list per question ({doc_scores.shape[0]}), got {len(candidates)}")
     device = input_ids.device
-    prefill = _Prefill(model, input_ids, mask)
+    prefill = prefill or Prefill(model, input_ids, mask)
     doc_logprobs = torch.log_softmax(doc_scores.float(), dim=1)  # [batch, n_docs]
     found = []
     for b, rows in enumerate(candidates):
@@ -215,6 +219,7 @@ def causal_span_scores(model, input_ids: Tensor, attention_mask: Tensor, doc_sco
         prompts = b * n_docs + torch.arange(n_docs, device=device)  # [n_docs]
         firsts = torch.tensor([row[0] for row in rows], device=device)  # [C]
         first = torch.logsumexp(prefill.first_logprobs[prompts][:, firsts] + doc_logprobs[b, :, None], dim=0)
+        first[:always] = torch.inf
         kept = sorted(first.topk(min(keep, len(rows))).indices.tolist())  # [K], in the candidates' order
         ll = _packed_token_scores(model, prefill, prompts, [rows[k] for k in kept])  # [n_docs, K, T]
         if kind == "sequence":
@@ -225,7 +230,7 @@ def causal_span_scores(model, input_ids: Tensor, attention_mask: Tensor, doc_sco
     return found
 
 
-def _packed_token_scores(model, prefill: _Prefill, prompt_rows: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:
+def _packed_token_scores(model, prefill: Prefill, prompt_rows: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:
     """log p(y_t | prompt, y_<t) of each of ``rows`` (token lists) under each of ``prompt_rows``:
     ``[prompts, rows, T]``, 0 past a row's end.
 

@@ -349,20 +349,22 @@ class RagModel(nn.Module):
             settings: dict[str, Any] = {"num_beams": num_beams, "max_length": max_length, "mode": mode}
             if max_new_tokens is not None:
                 settings["max_new_tokens"] = max_new_tokens
-            texts, scores, ranked = self._decode(batch, settings)
+            texts, scores, ranked, prefill = self._decode(batch, settings)
             if not self.config.short_answers:
                 return [text.strip() for text in texts]
             answers, grounded = self._pick(batch, texts, scores, ranked)
             if self.family.is_decoder_only and self.config.grounded and any(batch.texts) and not all(grounded):
                 # a reply that left its passages: the likeliest answer that stays in them
-                for row, span in self._best_spans(batch, [row for row, ok in enumerate(grounded) if not ok]).items():
+                rows = [row for row, ok in enumerate(grounded) if not ok]
+                for row, span in self._best_spans(batch, rows, [answers[row] for row in rows], prefill).items():
                     answers[row] = span
         finally:
             self.train(was_training)
         return answers
 
-    def _decode(self, batch: RetrievalBatch, settings: dict[str, Any]) -> tuple[list[str], Tensor | None, int]:
-        """Replies (RAG-Sequence: ``ranked`` per question, best first, and their log p(y|x))."""
+    def _decode(self, batch: RetrievalBatch, settings: dict[str, Any]) -> tuple[list[str], Tensor | None, int, Any]:
+        """Replies (RAG-Sequence: ``ranked`` per question, best first, and their log p(y|x)), and a decoder-only
+        generator's :class:`~rag_core.model.causal_decoding.Prefill` of the prompts (else None)."""
         from rag_core.model import causal_decoding, decoding
 
         settings = dict(settings)
@@ -370,6 +372,8 @@ class RagModel(nn.Module):
         if self.family.is_decoder_only:
             token, sequence = causal_decoding.causal_token_generate, causal_decoding.causal_sequence_generate
             settings.update(eos_token_id=self.family.stop_token_ids, pad_token_id=self.family.pad_token_id)
+            settings["prefill"] = causal_decoding.Prefill(self.generator, batch.context_input_ids,
+                                                          batch.context_attention_mask)
         else:
             token, sequence = decoding.rag_token_generate, decoding.rag_sequence_generate
         inputs = (self.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores,
@@ -383,7 +387,8 @@ class RagModel(nn.Module):
             found = sequence(*inputs, mode=mode, num_return_sequences=ranked, **settings)
             ids, scores = found.sequences, found.scores  # [b * ranked, T], best first per question
         rows = ids[:, 1:].tolist()  # after the start token
-        return self.generator_tokenizer.batch_decode(rows, skip_special_tokens=True), scores, ranked
+        texts = self.generator_tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return texts, scores, ranked, settings.get("prefill")
 
     def _pick(self, batch: RetrievalBatch, texts: list[str], scores: Tensor | None,
               ranked: int) -> tuple[list[str], list[bool]]:
@@ -400,23 +405,22 @@ class RagModel(nn.Module):
             grounded.append(is_grounded(answers[-1], passages, question))
         return answers, grounded
 
-    def _best_spans(self, batch: RetrievalBatch, rows: list[int]) -> dict[int, str]:
-        """Per question ``rows[i]`` with spans in its passages, the span with the highest p(y|x)."""
+    def _best_spans(self, batch: RetrievalBatch, rows: list[int], replies: list[str], prefill: Any) -> dict[int, str]:
+        """Per question ``rows[i]`` with spans in its passages, the one of them or of its reply ``replies[i]``
+        with the highest p(y|x); ``prefill``: the batch's prompts, as decoding ran them."""
         from rag_core.model.causal_decoding import causal_span_scores
 
-        n, eos = batch.n_docs, self.family.eos_token_id
-        spans = [list(dict.fromkeys(span for title, text in zip(batch.titles[row], batch.texts[row], strict=True)
-                                    for part in (title, text) for span in passage_spans(part, batch.questions[row])))
-                 for row in rows]
+        eos, spans = self.family.eos_token_id, [[] for _ in batch.questions]
+        for row, reply in zip(rows, replies, strict=True):
+            mine = dict.fromkeys(span for title, text in zip(batch.titles[row], batch.texts[row], strict=True)
+                                 for part in (title, text) for span in passage_spans(part, batch.questions[row]))
+            spans[row] = [reply, *(span for span in mine if span != reply)] if mine and reply else list(mine)
         tokens = [[ids + [eos] for ids in self.generator_tokenizer(mine, add_special_tokens=False)["input_ids"]]
                   if mine else [] for mine in spans]
-        prompts = torch.tensor([row * n + z for row in rows for z in range(n)], device=batch.context_input_ids.device)
-        found = causal_span_scores(self.generator, batch.context_input_ids[prompts],
-                                   batch.context_attention_mask[prompts], batch.doc_scores[rows], n, tokens,
-                                   kind=self.config.kind, eos_token_id=self.family.stop_token_ids,
-                                   pad_token_id=self.family.pad_token_id)
-        return {row: mine[kept[int(scores.argmax())]]
-                for row, mine, (kept, scores) in zip(rows, spans, found, strict=True) if kept}
+        found = causal_span_scores(self.generator, batch.context_input_ids, batch.context_attention_mask,
+                                   batch.doc_scores, batch.n_docs, tokens, kind=self.config.kind, always=1,
+                                   prefill=prefill)
+        return {row: spans[row][kept[int(scores.argmax())]] for row, (kept, scores) in enumerate(found) if kept}
 
     # -- saving and loading --------------------------------------------------------------
     def save_pretrained(self, path: str | Path) -> Path:

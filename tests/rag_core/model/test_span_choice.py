@@ -61,8 +61,7 @@ def test_span_scores_are_minus_rags_own_loss_of_each_span(indexes: SimpleNamespa
     spans = [passage_spans(f"{batch.texts[q][0]} {batch.texts[q][1]}", QUESTIONS[q])[:9] for q in range(3)]
     tokens = [[ids + [eos] for ids in tok(mine, add_special_tokens=False)["input_ids"]] for mine in spans]
     found = causal_span_scores(model.generator, batch.context_input_ids, batch.context_attention_mask,
-                               batch.doc_scores, 3, tokens, kind=kind, keep=len(tokens[0]) + len(tokens[1]),
-                               eos_token_id=model.family.stop_token_ids, pad_token_id=model.family.pad_token_id)
+                               batch.doc_scores, 3, tokens, kind=kind, keep=len(tokens[0]) + len(tokens[1]))
     for q, (kept, scores) in enumerate(found):
         assert kept == list(range(len(tokens[q]))) and len(kept) >= 5  # keep above the count: every span
         one = model.retrieve([QUESTIONS[q]] * len(kept))  # the same question once per span
@@ -79,9 +78,9 @@ def test_keep_scores_the_spans_with_the_likeliest_first_token(indexes: SimpleNam
     spans = passage_spans(batch.texts[0][0], QUESTIONS[0])
     tokens = [ids + [eos] for ids in model.generator_tokenizer(spans, add_special_tokens=False)["input_ids"]]
     args = (model.generator, batch.context_input_ids, batch.context_attention_mask, batch.doc_scores, 2, [tokens])
-    settings = {"eos_token_id": model.family.stop_token_ids, "pad_token_id": model.family.pad_token_id}
-    (every, every_scores), = causal_span_scores(*args, keep=len(tokens), **settings)
-    (kept, scores), = causal_span_scores(*args, keep=3, **settings)
+    (every, every_scores), = causal_span_scores(*args, keep=len(tokens))
+    (kept, scores), = causal_span_scores(*args, keep=3)
+    (forced, _), = causal_span_scores(*args, keep=3, always=2)  # the first two whatever their first token
     assert len(kept) == 3 and set(kept) < set(every)
     torch.testing.assert_close(scores, every_scores[kept], rtol=1e-5, atol=1e-4)  # the same scores, fewer spans
     with torch.no_grad():
@@ -91,6 +90,7 @@ def test_keep_scores_the_spans_with_the_likeliest_first_token(indexes: SimpleNam
     # the pruning ranks by the first token's marginal only
     marginal = torch.logsumexp(first[:, [t[0] for t in tokens]] + torch.log_softmax(batch.doc_scores, 1).T, 0)
     assert min(marginal[kept]) >= max(marginal[[i for i in every if i not in kept]]) - 1e-4
+    assert forced[:2] == [0, 1] and len(forced) == 3 and forced[2] == max(every[2:], key=lambda i: marginal[i])
 
 
 @pytest.mark.parametrize("kind", ["sequence", "token"])
@@ -104,6 +104,7 @@ def test_generate_answers_from_the_passages_and_closed_book_stays_free(indexes: 
         said = normalize_answer(answer)
         texts = [normalize_answer(f"{title} {text}") for title, text in zip(batch.titles[row], batch.texts[row],
                                                                           strict=True)]
+        # the random Llama's replies leave the passages and lose to their spans (a reply may compete and win)
         assert said and any(f" {said} " in f" {text} " for text in texts), (answer, batch.titles[row])
     free = model.config.model_copy(update={"grounded": False})
     model.config = free
