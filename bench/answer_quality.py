@@ -42,6 +42,11 @@ from report import RunInfo  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FREE = "RAG-Sequence, free reply"  # span choice off: the side-by-side baseline of RagConfig.grounded
 ZERO_SHOT = ("closed-book", FREE, "RAG-Sequence", "RAG-Token")
+
+
+def free_of(label: str) -> str:
+    """The row of registered model ``label`` read with span choice off."""
+    return f"{label}, free reply"
 GOAL_IN_OUTPUT, GOAL_RATIO, GOAL_MEDIAN_WORDS, GOAL_GAIN = 0.65, 2.5, 6, 0.10
 
 
@@ -119,7 +124,9 @@ def main() -> int:
     arithmetic = "bf16 autocast" if bf16 else "float32"
     info.notes.append(f"{arithmetic}, {args.decoding} decoding, batches of {args.batch} questions: s / question is a "
                       "batch's time over its questions")
-    systems = [*ZERO_SHOT, *tuned]
+    # a model saved with span choice on is also read without it: the side-by-side baseline of its reader
+    pairs = {"RAG-Sequence": FREE, **{label: free_of(label) for label, m in tuned.items() if m.config.grounded}}
+    systems = [*ZERO_SHOT, *(row for label in tuned for row in (label, pairs.get(label)) if row)]
     outputs: dict[str, list[str]] = {name: [] for name in systems}
     recall: dict[str, list[list[float]]] = {"zero-shot": [], **{label: [] for label in tuned}}
     seconds = dict.fromkeys(systems, 0.0)
@@ -146,11 +153,15 @@ def main() -> int:
                 own = model.retrieve(questions, args.n_docs)
             recall[label] += recalls(own, chunk)
             timed(label, model, own)
+            if label in pairs:
+                model.config = model.config.model_copy(update={"grounded": False})
+                timed(pairs[label], model, own)
+                model.config = model.config.model_copy(update={"grounded": True})
         done = at + len(chunk)
         print(f"{done}/{len(items)} " + " | ".join(f"{name}: {outputs[name][-1]}" for name in systems),
               file=sys.stderr, flush=True)
         info.finish()
-        lines = report(items[:done], outputs, recall, seconds, notes, info, args, tuned, len(items))
+        lines = report(items[:done], outputs, recall, seconds, notes, info, args, tuned, len(items), pairs)
         if args.markdown:  # after every batch: a run stopped early still leaves its table, with its count
             Path(args.markdown).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -158,7 +169,8 @@ def main() -> int:
 
 
 def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, list[list[float]]],
-           seconds: dict[str, float], notes: list[str], info: RunInfo, args, tuned: dict, total: int) -> list[str]:
+           seconds: dict[str, float], notes: list[str], info: RunInfo, args, tuned: dict, total: int,
+           pairs: dict[str, str]) -> list[str]:
     n = len(items)
     sources = Counter(item["source"] for item in items)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
@@ -169,8 +181,9 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
              f"n_docs={args.n_docs})", "",
              *info.markdown_header(), *(f"- {note}" for note in notes),
              *(f"- {label}: `{uri}` ({kinds[label]}, {choice[label]})" for label, uri in args.registered.items()),
-             f"- {FREE}: RAG-Sequence answering with its best reply as generated (RagConfig.grounded off); "
-             "the other RAG rows answer with the likeliest passage span where no reply is in the passages", "",
+             "- *, free reply*: the model above it answering with its best reply as generated (RagConfig.grounded "
+             "off); the other RAG rows, where no reply is in the passages, answer with the likeliest of the reply "
+             "and the passages' spans", "",
              "| system | exact match | token F1 | answer in output | mean words | median words | recall@n_docs "
              "| reader: answer in output where retrieved | s / question |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -179,7 +192,8 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
         scores = [score(out, item["answers"]) for out, item in zip(outputs[name][:n], items, strict=True)]
         means[name] = {k: sum(s[k] for s in scores) / n for k in ("em", "f1", "in_output", "words")}
         medians[name] = statistics.median(s["words"] for s in scores)
-        found = recall.get("zero-shot" if name in ZERO_SHOT else name, [])[:n]
+        owner = next((label for label, free in pairs.items() if free == name), name)
+        found = recall.get("zero-shot" if owner in ZERO_SHOT else owner, [])[:n]
         hit = [s["in_output"] for s, r in zip(scores, found, strict=True) if r and r[-1]]
         recall_cell = "" if name == "closed-book" else f"{sum(r[-1] for r in found) / n:.1%}"
         reader_cell = "" if name == "closed-book" else f"{sum(hit) / max(1, len(hit)):.1%} of {len(hit)}"
@@ -195,15 +209,18 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
                   for name in outputs}
         cells = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
         lines.append(f"- {source} ({len(rows)}): answer in output {cells}")
-    best = max(means["RAG-Sequence"]["in_output"], means["RAG-Token"]["in_output"])
+    rag = (FREE, "RAG-Sequence", "RAG-Token")
+    best = max(means[name]["in_output"] for name in rag)
     closed = means["closed-book"]["in_output"]
     ratio = best / closed if closed else float("inf")
-    median = min(medians["RAG-Sequence"], medians["RAG-Token"])
+    median = min(medians[name] for name in rag)
     verdict = {True: "PASS", False: "FAIL"}
-    lines += ["", f"Span choice against the free reply (RAG-Sequence): EM "
-                  f"{(means['RAG-Sequence']['em'] - means[FREE]['em']) * 100:+.1f} points, answer-in-output "
-                  f"{(means['RAG-Sequence']['in_output'] - means[FREE]['in_output']) * 100:+.1f} points, time "
-                  f"x{seconds['RAG-Sequence'] / max(seconds[FREE], 1e-9):.2f}."]
+    lines.append("")
+    for label, free in pairs.items():
+        gains = {k: (means[label][k] - means[free][k]) * 100 for k in ("em", "in_output")}
+        slower = seconds[label] / max(seconds[free], 1e-9)
+        lines.append(f"- Span choice against the free reply, {label}: EM {gains['em']:+.1f} points, "
+                     f"answer-in-output {gains['in_output']:+.1f} points, time x{slower:.2f}.")
     lines += ["", f"Goals (best zero-shot RAG row): answer-in-output >= {GOAL_IN_OUTPUT:.0%}: {best:.1%} "
                   f"({verdict[best >= GOAL_IN_OUTPUT]}); >= {GOAL_RATIO}x closed-book: {ratio:.2f}x "
                   f"({verdict[ratio >= GOAL_RATIO]}); median words <= {GOAL_MEDIAN_WORDS}: {median:g} "
