@@ -24,8 +24,8 @@ by rules that read only the reply and the question, in this order:
 p(y|x), the best whose short answer occurs, whole words after SQuAD normalisation, in one of the
 passages the question retrieved and is not made of the question's own words (:func:`is_grounded`);
 the best overall when none does. When none does and ``RagConfig.grounded`` is set (the default), the
-reader answers instead with the one of :func:`passage_spans` that the generator finds likeliest
-(:func:`rag_core.model.causal_decoding.causal_span_scores`). A small generator's likelihoods
+reader answers with whichever of that reply and the passages' :func:`passage_spans` the generator finds
+likeliest (:func:`rag_core.model.causal_decoding.causal_span_scores`). A small generator's likelihoods
 favour short, fluent replies whatever the passages say ("Djokovic" over a sentence naming the player
 the passage names); the text of the passages does not.
 

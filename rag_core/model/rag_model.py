@@ -131,10 +131,11 @@ class RagConfig(BaseModel):
     short_answers: bool = Field(True, description="generate() returns each reply's answer span, RAG-Sequence the "
                                                   "best one found in its passages (rag_core.model.extract); "
                                                   "False: the best reply as generated (Jeopardy, MS-MARCO)")
-    grounded: bool = Field(True, description="with short_answers and a decoder-only generator: a question none "
-                                             "of whose replies is in its passages answers instead with the span of "
-                                             "its passages that has the highest p(y|x) (rag_core.model.extract."
-                                             "passage_spans). Off: the best reply as generated")
+    grounded: bool = Field(True, description="span choice, with short_answers and a decoder-only generator: a "
+                                             "question none of whose replies is in its passages answers with the "
+                                             "likeliest under p(y|x) of its reply and its passages' spans "
+                                             "(rag_core.model.extract.passage_spans). Off: the best reply as "
+                                             "generated")
     question_encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="initial question encoder")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="seq2seq generator")
     device: str = Field("auto", description="torch device for both towers; auto = rag_core.perf.device.choose_device "
@@ -331,9 +332,9 @@ class RagModel(nn.Module):
         (:func:`rag_core.model.extract.short_answer`: "The capital of Algeria is Algiers." -> "Algiers"),
         and RAG-Sequence answers with its best candidate whose span is in the question's passages
         (:func:`rag_core.model.extract.grounded_choice`). With ``config.grounded`` and a decoder-only
-        generator, a question whose replies are in none of its passages answers with the span of its passages
-        (:func:`rag_core.model.extract.passage_spans`) that has the highest p(y|x) under ``config.kind``
-        (:func:`rag_core.model.causal_decoding.causal_span_scores`).
+        generator, a question whose replies are in none of its passages answers with whichever of its reply and
+        its passages' spans (:func:`rag_core.model.extract.passage_spans`) has the highest p(y|x) under
+        ``config.kind`` (:func:`rag_core.model.causal_decoding.causal_span_scores`).
         ``max_new_tokens`` (answer tokens) overrides ``max_length`` (which counts the decoder's
         start token).
         """
@@ -354,7 +355,7 @@ class RagModel(nn.Module):
                 return [text.strip() for text in texts]
             answers, grounded = self._pick(batch, texts, scores, ranked)
             if self.family.is_decoder_only and self.config.grounded and any(batch.texts) and not all(grounded):
-                # a reply that left its passages: the likeliest answer that stays in them
+                # a reply that left its passages competes with their spans, as RAG scores answers
                 rows = [row for row, ok in enumerate(grounded) if not ok]
                 for row, span in self._best_spans(batch, rows, [answers[row] for row in rows], prefill).items():
                     answers[row] = span
