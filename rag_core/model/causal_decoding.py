@@ -12,6 +12,9 @@ is run once (the *prefill*); its cache then serves every later step:
   document, and "fast" only under the documents whose search produced it (-inf elsewhere); both
   rank by log p(y|x) = logsumexp_z [log p(z|x) + log p(y|x,z)]. Scoring reuses the prefill cache,
   so only answer tokens run again.
+- ``causal_span_scores``: the same log p(y|x), either marginalisation, of answers given from outside
+  (a reply and its passages' spans: span choice, :mod:`rag_core.model.rag_model`), all of a question's
+  candidates in one row per document behind the prompt's cache.
 
 Sequences returned start with a placeholder column (``pad``, standing where a seq2seq decoder's
 start token stands), then the answer tokens, pad after the first stop token. Call in eval mode.
