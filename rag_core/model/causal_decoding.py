@@ -172,12 +172,6 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
 
 def _score(model, prefill: Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
     """log p(y | prompt) of each (prompt row, sequence) pair, from the prefill cache: ``[pairs]``."""
-    return _token_scores(model, prefill, prompt_rows, sequences, config).sum(dim=1)
-
-
-def _token_scores(model, prefill: Prefill, prompt_rows: Tensor, sequences: Tensor, config) -> Tensor:
-    """log p(y_t | prompt, y_<t) of each (prompt row, sequence) pair's answer tokens, 0 after its stop token:
-    ``[pairs, T - 1]``."""
     answer = sequences[:, 1:]  # [pairs, T - 1]: without the placeholder
     token_ll = prefill.first_logprobs[prompt_rows].gather(1, answer[:, :1])  # [pairs, 1]: the first token
     if answer.shape[1] > 1:
@@ -188,7 +182,7 @@ def _token_scores(model, prefill: Prefill, prompt_rows: Tensor, sequences: Tenso
                        use_cache=True).logits  # [pairs, T - 2, V]
         rest = torch.log_softmax(logits.float(), dim=-1).gather(-1, answer[:, 1:].unsqueeze(-1)).squeeze(-1)
         token_ll = torch.cat([token_ll, rest], dim=1)  # [pairs, T - 1]
-    return token_ll.masked_fill(~_token_mask(sequences, config), 0.0)  # [pairs, T - 1]
+    return token_ll.masked_fill(~_token_mask(sequences, config), 0.0).sum(dim=1)  # [pairs]
 
 
 @torch.no_grad()
