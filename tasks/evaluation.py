@@ -39,8 +39,10 @@ def load_registered_model(model_uri: str, tracking_uri: str, index_version: str 
 
 @task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def evaluate(model: Any, examples: list[Example], *, closed_book: bool = False, batch_size: int = 8,
-             max_new_tokens: int = MAX_NEW_TOKENS, mode: str = "thorough", precision: str = "float32") -> Evaluation:
-    """Predictions and metrics of ``model`` on ``examples`` (progress as a bar, or a line every 30 s).
+             max_new_tokens: int = MAX_NEW_TOKENS, mode: str = "thorough", precision: str = "float32",
+             split: str = "dev") -> Evaluation:
+    """Predictions and metrics of ``model`` on ``examples`` (progress as a bar, or a line every 30 s); ``split``
+    names them in the log (the wikirag-qa gate's are test questions).
 
     ``precision``: "auto" computes in bf16 autocast where this machine runs it natively (as training does;
     ~3x faster on AMX), float32 elsewhere; compare evaluations made at the same precision."""
@@ -59,8 +61,8 @@ def evaluate(model: Any, examples: list[Example], *, closed_book: bool = False, 
         evaluation = evaluate_model(model, examples, batch_size=batch_size, closed_book=closed_book,
                                     max_new_tokens=max_new_tokens, mode=mode, progress=bar.update)
     name, value = evaluation.headline
-    get_run_logger().info("%s on %d %s dev examples: %s %.4f (%.2f s/example)", "closed-book" if closed_book else
-                          f"index {evaluation.index_version}", len(examples), evaluation.kind, name, value,
+    get_run_logger().info("%s on %d %s %s examples: %s %.4f (%.2f s/example)", "closed-book" if closed_book
+                          else f"index {evaluation.index_version}", len(examples), evaluation.kind, split, name, value,
                           evaluation.seconds_per_example)
     return evaluation
 

@@ -24,6 +24,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
+from rag_core.evaluate.metrics import exact_match
+from rag_core.evaluate.paired import gained_lost
 from rag_core.evaluate.real_questions import SPLITS, answer_in_output, real_questions
 from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
@@ -69,6 +71,10 @@ class QAGate(BaseModel):
     alias: str  # champion or challenger, as the gate decided
     reason: str
     reused: bool = False
+    # test questions the fine-tune answers exactly and its zero-shot start does not, and the reverse (None: a
+    # report made before they were counted)
+    gained: int | None = None
+    lost: int | None = None
 
     @property
     def beat_zero_shot(self) -> bool:
@@ -108,6 +114,11 @@ def _scores(evaluation: Any) -> ModelScores:
                        answer_in_output=sum(found) / max(1, len(found)), examples=len(found))
 
 
+def _exact(evaluation: Any) -> list[float]:
+    """Per test question, in order: 1 when the prediction is an exact match."""
+    return [exact_match(r["prediction"], r["targets"]) for r in evaluation.predictions]
+
+
 def _gated_before(client: MlflowClient, key: str) -> Any | None:
     try:
         versions = client.search_model_versions(f"name='{model_name(QA_TASK)}'")
@@ -145,16 +156,20 @@ def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: Real
         return QAGate(test_questions=0, sources={}, scores={}, name=model_name(QA_TASK), version="",
                       alias="not registered", reason="no held-out real question is answerable from this index")
     fine_tuned = load_registered_model(f"models:/{source.name}/{source.version}", tracking_uri)
-    scores = {"zero-shot": _scores(evaluate(zero_shot, test, **settings)),
-              "fine-tuned": _scores(evaluate(fine_tuned, test, **settings)),
-              "closed-book": _scores(evaluate(zero_shot, test, closed_book=True, **settings))}
+    runs = {"zero-shot": evaluate(zero_shot, test, split="test", **settings),
+            "fine-tuned": evaluate(fine_tuned, test, split="test", **settings),
+            "closed-book": evaluate(zero_shot, test, closed_book=True, split="test", **settings)}
+    scores = {m: _scores(run) for m, run in runs.items()}
+    gained, lost = gained_lost(_exact(runs["zero-shot"]), _exact(runs["fine-tuned"]))
     MlflowRunLogger.open(tracking_uri, run_id).log_metrics(
-        {f"test_{m.replace('-', '_')}_{k}": float(v) for m, s in scores.items() for k, v in s.model_dump().items()})
+        {**{f"test_{m.replace('-', '_')}_{k}": float(v) for m, s in scores.items() for k, v in s.model_dump().items()},
+         "test_fine_tuned_gained": float(gained), "test_fine_tuned_lost": float(lost)})
     promotion = register(tracking_uri, source.source, QA_TASK, run_id=run_id, metric="test_em",
                          value=scores["fine-tuned"].em, margin=0.0, store=store, index_version=index_version,
                          baseline=scores["zero-shot"].em)
     report = QAGate(test_questions=len(test), sources=sources, scores=scores, name=promotion.name,
-                    version=promotion.version, alias=promotion.alias, reason=promotion.reason)
+                    version=promotion.version, alias=promotion.alias, reason=promotion.reason, gained=gained,
+                    lost=lost)
     client.set_model_version_tag(promotion.name, promotion.version, REPORT_TAG, report.model_dump_json())
     client.set_model_version_tag(promotion.name, promotion.version, KEY_TAG, key)
     return report

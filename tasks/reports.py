@@ -10,6 +10,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from rag_core.evaluate.paired import sign_test
 from rag_core.storage import Store
 
 _RECALL = re.compile(r"^dev_(answer|passage|page)_recall_at_(\d+)$")
@@ -138,17 +139,33 @@ MODEL_ROWS = {"zero-shot": "zero-shot RAG (the start)", "fine-tuned": "fine-tune
 
 
 def gate_sentence(gate: Any) -> str:
-    """The gate's decision on real questions, in one plain sentence with its numbers."""
+    """The gate's decision on real questions, in plain sentences with its numbers: the means, then how many answers
+    changed each way (:mod:`rag_core.evaluate.paired`)."""
     if not gate.scores:
         return f"{gate.reason}, so {gate.name} was not registered."
     zero, tuned = gate.scores["zero-shot"], gate.scores["fine-tuned"]
-    numbers = f"test EM {tuned.em:.3f} vs its zero-shot start's {zero.em:.3f} on {gate.test_questions} held-out questions"
+    numbers = (f"test EM {tuned.em:.3f} vs its zero-shot start's {zero.em:.3f} on {gate.test_questions} held-out "
+               "questions")
     model = f"{gate.name} v{gate.version}"
     if not gate.beat_zero_shot:
-        return f"The fine-tune did not beat its zero-shot start ({numbers}), so {model} is not promoted ({gate.alias})."
-    if gate.alias == "champion":
-        return f"{model} is champion: the fine-tune beat its zero-shot start ({numbers})."
-    return f"{model} beat its zero-shot start ({numbers}) but not the current champion, so it is {gate.alias}: {gate.reason}."
+        decision = (f"The fine-tune did not beat its zero-shot start ({numbers}), so {model} is not promoted "
+                    f"({gate.alias}).")
+    elif gate.alias == "champion":
+        decision = f"{model} is champion: the fine-tune beat its zero-shot start ({numbers})."
+    else:
+        decision = (f"{model} beat its zero-shot start ({numbers}) but not the current champion, so it is "
+                    f"{gate.alias}: {gate.reason}.")
+    return decision if gate.gained is None else f"{decision} {changes_sentence(gate.gained, gate.lost)}"
+
+
+def changes_sentence(gained: int, lost: int) -> str:
+    """How many exact answers the fine-tune won and lost against its start, and whether that is more than chance."""
+    if not gained and not lost:
+        return "Question by question, the fine-tune changed no exact answer."
+    p = sign_test(gained, lost)
+    verdict = "more than chance" if p < 0.05 else "within chance"
+    return (f"Question by question, it answers {gained} exactly that its start missed and misses {lost} that its "
+            f"start answered: {verdict} (two-sided sign test, p = {p:.2f}).")
 
 
 def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], questions: Any, gate: Any,

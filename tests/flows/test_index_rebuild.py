@@ -339,6 +339,8 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
         assert f"| {row} | " in summary and summary.split(f"| {row} | ", 1)[1].split("\n", 1)[0].endswith(f" | {n} |")
     zero_shot, fine_tuned = metrics["test_zero_shot_em"], metrics["test_fine_tuned_em"]
     assert (fine_tuned, zero_shot) == (gate["scores"]["fine-tuned"]["em"], gate["scores"]["zero-shot"]["em"])
+    assert gate["gained"] - gate["lost"] == round((fine_tuned - zero_shot) * n)  # the changed answers explain the means
+    assert metrics["test_fine_tuned_gained"] == gate["gained"] and "Question by question, " in summary
     if fine_tuned > zero_shot:
         assert client.get_model_version_by_alias("wikirag-qa", "champion").version == "1"
         assert "wikirag-qa v1 is champion: the fine-tune beat its zero-shot start" in summary

@@ -19,7 +19,7 @@ from rag_core.storage import Store
 from rag_core.train.loaders import load_task
 from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
 from tasks.adapters.mlflow_tracking import tracked_run
-from tasks.qa_gate import QA_TASK, qa_answers, qa_gate, real_question_files
+from tasks.qa_gate import QA_TASK, ModelScores, QAGate, qa_answers, qa_gate, real_question_files
 from tasks.reports import gate_sentence
 from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.generatorfiles import save_tiny_llama
@@ -78,6 +78,28 @@ def test_the_gate_refuses_a_worse_model(small_index, tmp_path: Path) -> None:
     assert _champion(client, name) == "3"
 
 
+def _report(zero_shot: int, fine_tuned: int, gained: int | None, lost: int | None, n: int = 40) -> QAGate:
+    scores = {model: ModelScores(em=right / n, f1=right / n, answer_in_output=right / n, examples=n)
+              for model, right in (("zero-shot", zero_shot), ("fine-tuned", fine_tuned), ("closed-book", 6))}
+    return QAGate(test_questions=n, sources={"written": n}, scores=scores, name="wikirag-qa", version="2",
+                  alias=CHAMPION if fine_tuned > zero_shot else CHALLENGER, reason="", gained=gained, lost=lost)
+
+
+def test_the_summary_says_how_many_answers_changed_each_way_and_whether_that_is_chance() -> None:
+    narrow = gate_sentence(_report(14, 15, gained=3, lost=2))  # one question in 40: what chance gives
+    assert narrow.startswith("wikirag-qa v2 is champion: the fine-tune beat its zero-shot start (test EM 0.375 vs "
+                             "its zero-shot start's 0.350 on 40 held-out questions).")
+    assert narrow.endswith("it answers 3 exactly that its start missed and misses 2 that its start answered: within "
+                           "chance (two-sided sign test, p = 1.00).")
+    clear = gate_sentence(_report(14, 22, gained=9, lost=1))  # 2 * P(X <= 1), X ~ Binomial(10, 1/2) = 0.0215
+    assert clear.endswith("answers 9 exactly that its start missed and misses 1 that its start answered: more than "
+                          "chance (two-sided sign test, p = 0.02).")
+    tie = gate_sentence(_report(14, 14, gained=3, lost=3))
+    assert tie.startswith("The fine-tune did not beat its zero-shot start") and tie.endswith("p = 1.00).")
+    before = gate_sentence(_report(14, 15, gained=None, lost=None))  # a report made before answers were counted
+    assert before.endswith("on 40 held-out questions).") and "Question by question" not in before
+
+
 def test_real_questions_split_and_answerability(wiki: Path) -> None:
     table = sample_passages().slice(0, 400)
     texts: dict[str, list[str]] = {}
@@ -122,9 +144,12 @@ def test_a_model_no_better_than_zero_shot_is_registered_but_not_champion(small_i
     metrics = client.get_run(run_id).data.metrics
     assert metrics["test_zero_shot_examples"] == metrics["test_fine_tuned_examples"] == questions.test_size
     assert {"test_closed_book_em", "test_fine_tuned_f1", "test_zero_shot_answer_in_output"} <= set(metrics)
+    assert metrics["test_fine_tuned_gained"] == metrics["test_fine_tuned_lost"] == 0
     sentence = gate_sentence(gate)
     assert sentence.startswith("The fine-tune did not beat its zero-shot start (test EM ")
     assert f"on {questions.test_size} held-out questions), so wikirag-qa v{gate.version} is not promoted" in sentence
+    assert gate.gained == gate.lost == 0  # the same weights change no answer, and the summary says so
+    assert sentence.endswith("Question by question, the fine-tune changed no exact answer.")
 
     again = qa_gate(uri, store, version, questions, "generated-qa", source.version, run_id, start, decoding)
     assert again.reused and again.version == gate.version and again.scores == gate.scores  # nothing registered again

@@ -1,0 +1,33 @@
+"""Two models on the same questions, question by question: what the second gained and lost against the first, and
+whether that difference is more than chance.
+
+On a few dozen questions a difference of one or two in the mean is what swapping a handful of answers
+gives, so a gate that compares means also says how many answers changed each way. The exact two-sided sign test
+on those changed answers (the questions both got right or both got wrong say nothing about which model is
+better) gives the chance of a split at least this uneven between two equally good models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def gained_lost(first: Sequence[float], second: Sequence[float]) -> tuple[int, int]:
+    """``(gained, lost)``: questions the second model gets right and the first wrong, and the reverse, from each
+    model's per-question score (1 right, 0 wrong; EM or answer-in-output), in the same question order."""
+    if len(first) != len(second):
+        raise ValueError(f"the two models scored {len(first)} and {len(second)} questions; give the same questions")
+    gained = sum(1 for a, b in zip(first, second, strict=True) if b and not a)
+    lost = sum(1 for a, b in zip(first, second, strict=True) if a and not b)
+    return gained, lost
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """The exact two-sided sign test's p-value: under equally good models each changed answer goes either way
+    with probability 1/2; 1.0 when nothing changed."""
+    n, low = gained + lost, min(gained, lost)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(low + 1)) / 2**n
+    return min(1.0, 2 * tail)
