@@ -171,6 +171,8 @@ def main() -> int:
 def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, list[list[float]]],
            seconds: dict[str, float], notes: list[str], info: RunInfo, args, tuned: dict, total: int,
            pairs: dict[str, str]) -> list[str]:
+    from rag_core.evaluate.paired import gained_lost, sign_test
+
     n = len(items)
     sources = Counter(item["source"] for item in items)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
@@ -216,22 +218,29 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
     median = min(medians[name] for name in rag)
     verdict = {True: "PASS", False: "FAIL"}
     lines.append("")
+    def changed(first: str, second: str) -> str:  # exact answers second gets and first misses, and the reverse
+        exact = {name: [score(out, item["answers"])["em"] for out, item in zip(outputs[name][:n], items, strict=True)]
+                 for name in (first, second)}
+        gained, lost = gained_lost(exact[first], exact[second])
+        return f"per question {gained} gained, {lost} lost; two-sided sign test p = {sign_test(gained, lost):.2f}"
+
     for label, free in pairs.items():
         gains = {k: (means[label][k] - means[free][k]) * 100 for k in ("em", "in_output")}
         slower = seconds[label] / max(seconds[free], 1e-9)
-        lines.append(f"- Span choice against the free reply, {label}: EM {gains['em']:+.1f} points, "
-                     f"answer-in-output {gains['in_output']:+.1f} points, time x{slower:.2f}.")
+        lines.append(f"- Span choice against the free reply, {label}: EM {gains['em']:+.1f} points "
+                     f"({changed(free, label)}), answer-in-output {gains['in_output']:+.1f} points, "
+                     f"time x{slower:.2f}.")
     lines += ["", f"Goals (best zero-shot RAG row): answer-in-output >= {GOAL_IN_OUTPUT:.0%}: {best:.1%} "
                   f"({verdict[best >= GOAL_IN_OUTPUT]}); >= {GOAL_RATIO}x closed-book: {ratio:.2f}x "
                   f"({verdict[ratio >= GOAL_RATIO]}); median words <= {GOAL_MEDIAN_WORDS}: {median:g} "
                   f"({verdict[median <= GOAL_MEDIAN_WORDS]})."]
     for label, kind in kinds.items():
-        start = means["RAG-Sequence" if kind == "sequence" else "RAG-Token"]
-        gains = {k: means[label][k] - start[k] for k in ("em", "in_output")}
+        start_name = "RAG-Sequence" if kind == "sequence" else "RAG-Token"
+        gains = {k: means[label][k] - means[start_name][k] for k in ("em", "in_output")}
         ok = all(g >= GOAL_GAIN for g in gains.values())
-        lines.append(f"- {label} against zero-shot RAG-{kind.title()}: EM {gains['em'] * 100:+.1f} points, "
-                     f"answer-in-output {gains['in_output'] * 100:+.1f} points (>= {GOAL_GAIN * 100:.0f} each: "
-                     f"{verdict[ok]}).")
+        lines.append(f"- {label} against zero-shot RAG-{kind.title()}: EM {gains['em'] * 100:+.1f} points "
+                     f"({changed(start_name, label)}), answer-in-output {gains['in_output'] * 100:+.1f} points "
+                     f"(>= {GOAL_GAIN * 100:.0f} each: {verdict[ok]}).")
     lines += ["", "### Example answers", "",
               "| question | gold | " + " | ".join(outputs) + " |", "|---|---|" + "---|" * len(outputs)]
     picked = [i for i in range(n) if items[i]["source"] == "written"][:6] + \
