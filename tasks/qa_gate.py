@@ -6,8 +6,10 @@ given) are written to the store as a dev and a test file, which the generated-QA
 filtered against. On the test split, the fine-tuned model, the same generator and index before
 fine-tuning (zero-shot) and that generator alone (closed-book) are scored: EM, token F1 and
 answer-in-output. The fine-tuned model is then registered as ``wikirag-qa`` with its test EM,
-and becomes champion only when that beats the zero-shot EM (tasks.adapters.mlflow_registry.gate). A model gated
-before on the same test questions and settings is not evaluated or registered again.
+and becomes champion only when that beats the zero-shot EM (tasks.adapters.mlflow_registry.gate). The report
+also counts the test questions the fine-tune answers exactly and its start does not, and the reverse
+(rag_core.evaluate.paired), which the summary tests against chance. A model gated before on the same test
+questions and settings is not evaluated or registered again.
 """
 
 from __future__ import annotations

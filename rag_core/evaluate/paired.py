@@ -1,10 +1,10 @@
 """Two models on the same questions, question by question: what the second gained and lost against the first, and
 whether that difference is more than chance.
 
-On a few dozen questions a difference of one or two in the mean is what swapping a handful of answers
-gives, so a gate that compares means also says how many answers changed each way. The exact two-sided sign test
-on those changed answers (the questions both got right or both got wrong say nothing about which model is
-better) gives the chance of a split at least this uneven between two equally good models.
+On a few dozen questions, a gap of a few points between two means comes from a handful of changed answers,
+so a gate that compares means also says how many answers changed each way. The exact two-sided sign test on
+those changed answers (questions both models got right, or both wrong, say nothing about which is better)
+gives the chance of a split at least this uneven between two equally good models.
 """
 
 from __future__ import annotations
