@@ -42,12 +42,12 @@ from report import RunInfo  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FREE = "RAG-Sequence, free reply"  # span choice off: the side-by-side baseline of RagConfig.grounded
 ZERO_SHOT = ("closed-book", FREE, "RAG-Sequence", "RAG-Token")
+GOAL_IN_OUTPUT, GOAL_RATIO, GOAL_MEDIAN_WORDS, GOAL_GAIN = 0.65, 2.5, 6, 0.10
 
 
 def free_of(label: str) -> str:
     """The row of registered model ``label`` read with span choice off."""
     return f"{label}, free reply"
-GOAL_IN_OUTPUT, GOAL_RATIO, GOAL_MEDIAN_WORDS, GOAL_GAIN = 0.65, 2.5, 6, 0.10
 
 
 def score(output: str, answers: list[str]) -> dict[str, float]:
@@ -189,9 +189,10 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
              "| system | exact match | token F1 | answer in output | mean words | median words | recall@n_docs "
              "| reader: answer in output where retrieved | s / question |",
              "|---|---|---|---|---|---|---|---|---|"]
-    means, medians = {}, {}
+    means, medians, exact = {}, {}, {}
     for name in outputs:
         scores = [score(out, item["answers"]) for out, item in zip(outputs[name][:n], items, strict=True)]
+        exact[name] = [s["em"] for s in scores]  # per question, for the counts of changed answers below
         means[name] = {k: sum(s[k] for s in scores) / n for k in ("em", "f1", "in_output", "words")}
         medians[name] = statistics.median(s["words"] for s in scores)
         owner = next((label for label, free in pairs.items() if free == name), name)
@@ -218,9 +219,8 @@ def report(items: list[dict], outputs: dict[str, list[str]], recall: dict[str, l
     median = min(medians[name] for name in rag)
     verdict = {True: "PASS", False: "FAIL"}
     lines.append("")
+
     def changed(first: str, second: str) -> str:  # exact answers second gets and first misses, and the reverse
-        exact = {name: [score(out, item["answers"])["em"] for out, item in zip(outputs[name][:n], items, strict=True)]
-                 for name in (first, second)}
         gained, lost = gained_lost(exact[first], exact[second])
         return f"per question {gained} gained, {lost} lost; two-sided sign test p = {sign_test(gained, lost):.2f}"
 
