@@ -33,6 +33,7 @@ TITLES = {
     "decoding_bench": "Decoding",
     "rag_bench": "RAG training step and generation",
     "answer_quality": "Answer quality",
+    "reader_alternatives": "Retriever and reader alternatives",
     "answer_speed": "Answer speed",
     "train_bench": "Fine-tuning",
     "rank_memory_bench": "Memory of a training rank",
