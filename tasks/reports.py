@@ -33,8 +33,40 @@ def plot_metrics(outcomes: Sequence[Any], path: Path) -> Path:
     axes.set_xticks(list(positions), names)
     axes.set_ylim(0, 1)
     axes.set_ylabel("dev metric")
-    axes.set_title("Dev metric per task")
+    # generated QA's dev pairs are made like its training pairs: real questions are the gate plot's
+    axes.set_title("Dev metric per task, on each task's own dev set")
     axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+GATE_BARS = {"closed-book": "closed-book", "zero-shot": "zero-shot RAG", "fine-tuned": "fine-tuned RAG"}
+GATE_METRICS = {"em": "exact match", "f1": "token F1", "answer_in_output": "answer in output"}
+
+
+def plot_gate(gate: Any, path: Path) -> Path | None:
+    """The gate's scores on the held-out real questions (``gate``: tasks.qa_gate's QAGate), each metric's three
+    models side by side, and its decision under the title; None when no test question was scored."""
+    if not gate.scores:
+        return None
+    figure = _figure(6.4, 3.8)
+    axes = figure.add_subplot()
+    width = 0.8 / len(GATE_BARS)
+    for i, (model, label) in enumerate(GATE_BARS.items()):
+        scores = gate.scores[model]
+        values = [getattr(scores, metric) for metric in GATE_METRICS]
+        bars = axes.bar([m + (i - 1) * width for m in range(len(GATE_METRICS))], values, width, label=label)
+        axes.bar_label(bars, fmt="%.2f", fontsize="small")
+    axes.set_xticks(range(len(GATE_METRICS)), list(GATE_METRICS.values()))
+    axes.set_ylim(0, 1)
+    axes.set_ylabel("mean over the questions")
+    promoted = "promoted" if gate.alias == "champion" else f"not promoted ({gate.alias})"
+    changed = "" if gate.gained is None else (f"\nagainst zero-shot: {gate.gained} exact answers gained, {gate.lost} "
+                                              f"lost (sign test p = {sign_test(gate.gained, gate.lost):.2f})")
+    axes.set_title(f"{gate.test_questions} held-out real questions: {gate.name} v{gate.version} {promoted}"
+                   f"{changed}", fontsize="medium")
+    axes.legend(fontsize="small", loc="upper right")
     figure.tight_layout()
     figure.savefig(path)
     return path
@@ -107,8 +139,10 @@ def plot_losses(histories: dict[str, list[tuple[int, float]]], path: Path,
 
 
 @task
-def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[str, float]], folder: str) -> list[str]:
-    """The three plots as PNG files in ``folder``, each also logged to its task's MLflow run under ``plots/``;
+def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[str, float]], folder: str,
+                gate: Any | None = None) -> list[str]:
+    """The plots as PNG files in ``folder``, each also logged to its task's MLflow run under ``plots/``:
+    ``gate``'s scores on real questions first (:func:`plot_gate`), then the tasks' dev metrics, recall and losses;
     ``recall``: each task's retrieval recall@k (:func:`retrieval_recall`), logged to its run as metrics too."""
     from mlflow import MlflowClient
 
@@ -124,7 +158,8 @@ def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[s
                                                                  recall[outcome.task].items()})
     histories, dev_histories = ({t: sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, metric))
                                  for t, r in runs.items()} for metric in ("loss", "dev_loss"))
-    made = [plot_metrics(outcomes, out / "metrics_per_task.png"),
+    made = [plot_gate(gate, out / "real_questions.png") if gate is not None else None,
+            plot_metrics(outcomes, out / "metrics_per_task.png"),
             plot_recall(recall, out / "retrieval_recall.png"),
             plot_losses(histories, out / "training_loss.png", dev_histories)]
     made = [p for p in made if p is not None]

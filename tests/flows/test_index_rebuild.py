@@ -358,7 +358,8 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
         assert asked.returncode == 0, asked.stderr[-3000:]
         assert teacher[0].endswith(f"→ {json.loads(asked.stdout)['answer']!r}")
     plots = sorted(p.name for p in (home / "reports").iterdir())
-    assert plots == ["metrics_per_task.png", "retrieval_recall.png", "training_loss.png"]
+    assert plots == ["metrics_per_task.png", "real_questions.png", "retrieval_recall.png", "training_loss.png"]
+    assert f"- plot: `{home / 'reports' / 'real_questions.png'}`" in summary
     store = Store(str(home / "store"))
     manifest = read_manifest(store)
     count = read_passages(store, manifest["dump_id"]).num_rows
@@ -374,7 +375,8 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert recipe_run.params["weight_mix"] == "0.5" and "mixed_dev_loss" in recipe_run.metrics
     assert trained.tags["index_version"] == qa.tags["index_version"] == manifest["version"]
     assert {a.path for a in client.list_artifacts(trained.run_id, "plots")} >= {
-        "plots/metrics_per_task.png", "plots/retrieval_recall.png", "plots/training_loss.png", "plots/loss_curve.png"}
+        "plots/real_questions.png", "plots/metrics_per_task.png", "plots/retrieval_recall.png",
+        "plots/training_loss.png", "plots/loss_curve.png"}
 
     again = _cli("run", "--dump", str(dump), "--generator", str(llama), "--max-steps", "2", env=env, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]

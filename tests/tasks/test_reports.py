@@ -1,0 +1,42 @@
+"""The main job's plots (tasks/reports.py), drawn by matplotlib and read back as pixels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colors
+from matplotlib.image import imread
+
+from tasks.qa_gate import ModelScores, QAGate
+from tasks.reports import GATE_BARS, plot_gate
+
+
+def _gate(values: dict[str, float], **fields) -> QAGate:
+    scores = {model: ModelScores(em=v, f1=v, answer_in_output=v, examples=40) for model, v in values.items()}
+    return QAGate(test_questions=40, sources={"written": 40}, scores=scores, name="wikirag-qa", version="3",
+                  alias="challenger", reason="kept as challenger", **fields)
+
+
+def _area(image: np.ndarray, color: str) -> int:
+    """Pixels of ``color`` (one of matplotlib's default cycle) in an RGBA image read back from PNG."""
+    rgb = np.array(colors.to_rgb(color))
+    return int((np.abs(image[..., :3] - rgb).max(axis=-1) < 0.02).sum())
+
+
+def test_the_gate_plot_draws_each_model_as_tall_as_its_scores(tmp_path: Path) -> None:
+    gate = _gate({"closed-book": 0.1, "zero-shot": 0.3, "fine-tuned": 0.6}, gained=12, lost=0)
+    path = plot_gate(gate, tmp_path / "real_questions.png")
+    image = imread(path)
+    assert image.shape[:2] == (380, 640)
+    # one colour per model in GATE_BARS' order (closed-book, zero-shot, fine-tuned), three bars each of its scores'
+    # height; the legend's swatches add the same small area to every colour
+    areas = [_area(image, f"C{i}") for i in range(len(GATE_BARS))]
+    assert 1.8 < areas[2] / areas[1] < 2.2 and 2.6 < areas[1] / areas[0] < 3.4
+
+
+def test_the_gate_plot_is_left_out_when_no_question_was_scored(tmp_path: Path) -> None:
+    gate = QAGate(test_questions=0, sources={}, scores={}, name="wikirag-qa", version="", alias="not registered",
+                  reason="no held-out real question is answerable from this index")
+    assert plot_gate(gate, tmp_path / "real_questions.png") is None
+    assert not (tmp_path / "real_questions.png").exists()
