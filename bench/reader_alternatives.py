@@ -16,7 +16,7 @@ Retrieval, recall@k (an answer occurs in one of the top k passages, the gate's w
 
 Reading, EM and answer-in-output (every reply cut by rag_core.model.extract.short_answer, as the
 default reader's are):
-- RAG-Sequence over ``--n-docs`` passages, span choice on (the default);
+- RAG-Sequence over ``--n-docs`` passages, span choice on (the default), and over each ``--more-docs``;
 - one prompt holding the index's top k passages, best first (k = 1 is the top passage alone);
 - context-aware decoding (Shi et al. 2023) on the top passage: each next token maximises
   (1 + a) log p(y | passage, q) - a log p(y | q) among the tokens within 10x of the likeliest one
@@ -125,6 +125,8 @@ def main() -> int:
                                                                        "there, test is held out)")
     parser.add_argument("--n-docs", type=int, default=2, help="the default reader's passages (default 2)")
     parser.add_argument("--depth", type=int, default=10, help="passages re-ranked per question (default 10)")
+    parser.add_argument("--more-docs", type=int, nargs="*", default=[5], metavar="N",
+                        help="the default reader again over N passages each (default 5, the paper's)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--limit", type=int, help="first N questions only (a quick look)")
     parser.add_argument("--markdown", help="write the tables to this file")
@@ -198,12 +200,13 @@ def main() -> int:
     # reading
     outputs: dict[str, list[str]] = {}
     read_seconds: dict[str, float] = {}
-    default = f"RAG-Sequence, {args.n_docs} passages, span choice (default)"
-    start, outputs[default] = time.perf_counter(), []
-    for at in range(0, len(questions), 8):
-        with torch.no_grad(), arithmetic():
-            outputs[default] += model.generate(questions[at:at + 8], mode="fast", max_new_tokens=32)
-    read_seconds[default] = time.perf_counter() - start
+    for n_docs in dict.fromkeys([args.n_docs, *args.more_docs]):
+        name = f"RAG-Sequence, {n_docs} passages, span choice" + (" (default)" if n_docs == args.n_docs else "")
+        start, outputs[name] = time.perf_counter(), []
+        for at in range(0, len(questions), 8):
+            with torch.no_grad(), arithmetic():
+                outputs[name] += model.generate(questions[at:at + 8], n_docs=n_docs, mode="fast", max_new_tokens=32)
+        read_seconds[name] = time.perf_counter() - start
     family = model.family
     variants = {**{("the top passage, greedy" if k == 1 else f"the top {k} passages in one prompt, greedy"): (k, 0.0)
                    for k in CONCAT},
