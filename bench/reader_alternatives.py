@@ -1,5 +1,4 @@
-"""Published alternatives to the zero-shot retriever and reader, side by side with the defaults, on the project's
-questions.
+"""Published alternatives to the zero-shot retriever and reader, beside the defaults, on the project's questions.
 
 bench/answer_quality.py shows the default reader (RAG-Sequence over n_docs passages, span choice) and
 retriever (the index's question encoder) short of issue 37's zero-shot goals. This bench measures
@@ -119,11 +118,15 @@ def fused(*rankings: list) -> list:
 
 
 def main() -> int:
+    from rag_core.train.jobs import ShortRun
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", help="wikirag workspace with the sample index and the fetched generator")
     parser.add_argument("--split", choices=SPLITS, default="dev", help="which split (default dev: choices are made "
                                                                        "there, test is held out)")
-    parser.add_argument("--n-docs", type=int, default=2, help="the default reader's passages (default 2)")
+    n_docs = ShortRun().n_docs
+    parser.add_argument("--n-docs", type=int, default=n_docs, help=f"the default reader's passages (default "
+                                                                  f"{n_docs}: the main job's and `wikirag ask`'s)")
     parser.add_argument("--depth", type=int, default=10, help="passages re-ranked per question (default 10)")
     parser.add_argument("--more-docs", type=int, nargs="*", default=[5], metavar="N",
                         help="the default reader again over N passages each (default 5, the paper's)")

@@ -47,7 +47,7 @@ GATE_METRICS = {"em": "exact match", "f1": "token F1", "answer_in_output": "answ
 
 def plot_gate(gate: Any, path: Path) -> Path | None:
     """The gate's scores on the held-out real questions (``gate``: tasks.qa_gate's QAGate), each metric's three
-    models side by side, and its decision under the title; None when no test question was scored."""
+    models side by side, and its decision in the title; None when no test question was scored."""
     if not gate.scores:
         return None
     figure = _figure(6.4, 3.8)
@@ -56,7 +56,8 @@ def plot_gate(gate: Any, path: Path) -> Path | None:
     for i, (model, label) in enumerate(GATE_BARS.items()):
         scores = gate.scores[model]
         values = [getattr(scores, metric) for metric in GATE_METRICS]
-        bars = axes.bar([m + (i - 1) * width for m in range(len(GATE_METRICS))], values, width, label=label)
+        offset = (i - (len(GATE_BARS) - 1) / 2) * width  # the group centred on its tick
+        bars = axes.bar([m + offset for m in range(len(GATE_METRICS))], values, width, label=label)
         axes.bar_label(bars, fmt="%.2f", fontsize="small")
     axes.set_xticks(range(len(GATE_METRICS)), list(GATE_METRICS.values()))
     axes.set_ylim(0, 1)
