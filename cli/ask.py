@@ -2,8 +2,8 @@
 
 The RAG model is the index's own question encoder, the index (LATEST or ``--index``) and a
 decoder-only generator (``wikirag models fetch``: SmolLM2-135M-Instruct), in float32 by default:
-bf16 (``--dtype auto``, where ``rag_core.perf.precision`` finds it native) is ~3x faster on AMX CPUs but
-changes some greedy answers (bench/answer_speed.py counts them), so it is opt-in. ``--closed-book`` asks the generator alone: the paper's
+bf16 (``--dtype auto``, where ``rag_core.perf.precision`` finds it native) is faster on AMX CPUs but
+changes some greedy answers (bench/answer_speed.py times both and counts them), so it is opt-in. ``--closed-book`` asks the generator alone: the paper's
 baseline. Provenance lists the retrieved passages in the model's order of p(z|x). It reads as many passages
 as the main job's model and gate do (ShortRun.n_docs): with the 135M default generator, 5 passages answered
 no more of the dev questions and took longer (bench/reader_alternatives.py).
