@@ -23,13 +23,18 @@ from rag_core.evaluate.real_questions import SPLITS, contains, real_questions, s
 QA_DIR = ROOT.parent / "shared" / "data" / "qa"
 
 
+def index_passages(retriever) -> list[tuple[str, str]]:
+    """Every ``(title, text)`` of an IndexRetriever's index, in index order."""
+    index = retriever.index
+    return [(hit.title, hit.text or "") for shard in range(len(index.shards))
+            for hit in (index.hit(shard, row, 0.0) for row in range(len(index.passage_ids(shard))))]
+
+
 def article_texts(retriever) -> dict[str, str]:
     """title -> the text of all its passages, in index order (from an IndexRetriever's index)."""
     texts: dict[str, list[str]] = {}
-    for shard in range(len(retriever.index.shards)):
-        for row in range(len(retriever.index.passage_ids(shard))):
-            hit = retriever.index.hit(shard, row, 0.0)
-            texts.setdefault(hit.title, []).append(hit.text or "")
+    for title, text in index_passages(retriever):
+        texts.setdefault(title, []).append(text)
     return {title: " ".join(parts) for title, parts in texts.items()}
 
 

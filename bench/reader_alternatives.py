@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from answer_quality import score  # noqa: E402
-from questions import SPLITS, article_texts, sample_questions  # noqa: E402
+from questions import SPLITS, article_texts, index_passages, sample_questions  # noqa: E402
 from report import RunInfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,9 +182,7 @@ def main() -> int:
         rankings[f"UPR over the top {args.depth}"].append([dense[z] for z in order])
         rankings["the index + UPR, rank sum"].append([dense[z] for z in sorted(range(len(dense)),
                                                                                key=lambda z: (z + rank[z], z))])
-    passages = [(hit.title, hit.text or "") for shard in range(len(model.retriever.index.shards))
-                for hit in (model.retriever.index.hit(shard, row, 0.0)
-                            for row in range(len(model.retriever.index.passage_ids(shard))))]
+    passages = index_passages(model.retriever)
     start = time.perf_counter()
     bm25 = bm25_rankings(passages, questions, args.depth)
     if bm25 is None:

@@ -6,7 +6,7 @@ bf16 (``--dtype auto``, where ``rag_core.perf.precision`` finds it native) is fa
 changes some greedy answers (bench/answer_speed.py times both and counts them), so it is opt-in. ``--closed-book`` asks the generator alone: the paper's
 baseline. Provenance lists the retrieved passages in the model's order of p(z|x). It reads as many passages
 as the main job's model and gate do (ShortRun.n_docs): with the 135M default generator, 5 passages answered
-no more of the dev questions and took longer (bench/reader_alternatives.py).
+no more of the dev questions (bench/reader_alternatives.py), with two and a half times the prompts to read.
 """
 
 from __future__ import annotations

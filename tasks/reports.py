@@ -41,7 +41,11 @@ def plot_metrics(outcomes: Sequence[Any], path: Path) -> Path:
     return path
 
 
-GATE_BARS = {"closed-book": "closed-book", "zero-shot": "zero-shot RAG", "fine-tuned": "fine-tuned RAG"}
+MODEL_ROWS = {"zero-shot": "zero-shot RAG (the start)", "fine-tuned": "fine-tuned RAG", "closed-book":
+              "closed-book (generator alone)"}
+
+
+GATE_BARS = ("closed-book", "zero-shot", "fine-tuned")  # left to right in each group, labelled as MODEL_ROWS
 GATE_METRICS = {"em": "exact match", "f1": "token F1", "answer_in_output": "answer in output"}
 
 
@@ -53,11 +57,11 @@ def plot_gate(gate: Any, path: Path) -> Path | None:
     figure = _figure(6.4, 3.8)
     axes = figure.add_subplot()
     width = 0.8 / len(GATE_BARS)
-    for i, (model, label) in enumerate(GATE_BARS.items()):
+    for i, model in enumerate(GATE_BARS):
         scores = gate.scores[model]
         values = [getattr(scores, metric) for metric in GATE_METRICS]
         offset = (i - (len(GATE_BARS) - 1) / 2) * width  # the group centred on its tick
-        bars = axes.bar([m + offset for m in range(len(GATE_METRICS))], values, width, label=label)
+        bars = axes.bar([m + offset for m in range(len(GATE_METRICS))], values, width, label=MODEL_ROWS[model])
         axes.bar_label(bars, fmt="%.2f", fontsize="small")
     axes.set_xticks(range(len(GATE_METRICS)), list(GATE_METRICS.values()))
     axes.set_ylim(0, 1)
@@ -67,7 +71,7 @@ def plot_gate(gate: Any, path: Path) -> Path | None:
                                               f"lost (sign test p = {sign_test(gate.gained, gate.lost):.2f})")
     axes.set_title(f"{gate.test_questions} held-out real questions: {gate.name} v{gate.version} {promoted}"
                    f"{changed}", fontsize="medium")
-    axes.legend(fontsize="small", loc="upper right")
+    axes.legend(fontsize="small", loc="best")
     figure.tight_layout()
     figure.savefig(path)
     return path
@@ -168,10 +172,6 @@ def write_plots(tracking_uri: str, outcomes: list[Any], recall: dict[str, dict[s
         for path in made:
             client.log_artifact(outcome.run_id, str(path), "plots")
     return [str(p) for p in made]
-
-
-MODEL_ROWS = {"zero-shot": "zero-shot RAG (the start)", "fine-tuned": "fine-tuned RAG", "closed-book":
-              "closed-book (generator alone)"}
 
 
 def gate_sentence(gate: Any) -> str:
