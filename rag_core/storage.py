@@ -41,6 +41,9 @@ S3FS_TRIES = 2  # s3fs's tries of a call when botocore's retries are configured 
 _CREDENTIAL_HINT = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
 _ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or WIKIRAG_STORE) and that the server is running"
 _RERUN_HINT = "then rerun (a rebuild reuses finished work)"
+# HTTP 500 and 507 come from a server that is up and failing the request itself; a disk that has filled up is the
+# usual cause (SeaweedFS: "no writable volumes"), not an address or a stopped server, which 502/503/504 point to.
+_FAILING_HINT = "the server is up but failing: check its free disk space and its log"
 # Connection refused, reset or timed out, after botocore's retries (names: no common base we can import cheaply).
 _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ReadTimeoutError",
                 "ConnectionClosedError", "ServerDisconnectedError"}
@@ -133,8 +136,9 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
             raise StoreUnreachableError(f"{url}: {action} failed: store unreachable ({name}); {_ENDPOINT_HINT}, "
                                         f"{_RERUN_HINT}") from exc
         if (status := _server_error(exc)) is not None:
+            hint = _FAILING_HINT if status in (500, 507) else _ENDPOINT_HINT
             raise StoreUnreachableError(f"{url}: {action} failed: the store answered HTTP {status} ({_reason(exc)}); "
-                                        f"{_ENDPOINT_HINT}, {_RERUN_HINT}") from exc
+                                        f"{hint}, {_RERUN_HINT}") from exc
         if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             raise StoreError(f"{url}: the bucket does not exist; create it first") from exc
         if any(code in text for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden")):

