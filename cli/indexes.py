@@ -12,20 +12,13 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cli.options import add_store, default
+from cli.options import add_store
 from rag_core.errors import WikiragError
 from rag_core.index.retention import MIN_AGE_HOURS, CleanupConfig, Removed
+from rag_core.progress import human_bytes
 from runtime.settings import Settings
 
 log = logging.getLogger("wikirag")
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return f"{n:,.1f} TB"
 
 
 def freed_lines(removed: Removed) -> Iterable[str]:

@@ -38,6 +38,15 @@ def _rate(done: int, elapsed: float, unit: str) -> str:
     return f"{done / elapsed if elapsed > 0 else 0.0:,.1f} {unit}s/s"
 
 
+def human_bytes(n: float) -> str:
+    """``n`` bytes in decimal units up to GB: ``"812 B"``, ``"4.9 MB"``, ``"1,600.0 GB"``."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} GB"
+
+
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:

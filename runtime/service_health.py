@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import urllib.request
+import uuid
 from pathlib import Path
 from urllib.error import HTTPError
 
+from rag_core.progress import human_bytes
 from runtime.service_credentials import S3Identity, ServicesError, TlsFiles
 from runtime.service_specs import Health
 
@@ -62,6 +65,34 @@ def bucket_ready(endpoint: str, owners: tuple[tuple[S3Identity, str], ...]) -> b
         return True
     except Exception:  # not up yet: any error means "ask again"
         return False
+
+
+def write_refused(endpoint: str, who: S3Identity, bucket: str, data_dir: Path) -> str | None:
+    """None when S3 takes a small object into ``bucket`` (removed again); else why not, with the free space of
+    ``data_dir``'s disk.
+
+    SeaweedFS answers every write with HTTP 500 when it has no volume to write to, while its health check, its
+    listings and bucket creation all answer: weed mini counts its volumes from the disk's free space as it starts,
+    none with less than 1% of the disk free, and they fill up. Only a write finds out.
+    """
+    import s3fs
+
+    # One try: SeaweedFS itself waits 30 s for a volume before it answers 500, and each retry would wait again.
+    fs = s3fs.S3FileSystem(key=who.key, secret=who.secret, endpoint_url=endpoint, skip_instance_cache=True,
+                           config_kwargs={"connect_timeout": 2, "read_timeout": 45,
+                                          "retries": {"mode": "standard", "total_max_attempts": 1}})
+    fs.retries = 1
+    probe = f"{bucket}/.wikirag-write-probe-{uuid.uuid4().hex}"
+    try:
+        fs.pipe(probe, b"probe")
+        fs.rm(probe)
+        return None
+    except OSError as exc:
+        disk = shutil.disk_usage(data_dir)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (f"refuses writes ({reason[:120]}); its disk ({data_dir}) has {human_bytes(disk.free)} free of "
+                f"{human_bytes(disk.total)} ({100 * disk.free / disk.total:.1f}%), and SeaweedFS takes no writes with "
+                "less than 1% free or its volumes full")
 
 
 def workers_online(api_url: str, pool: str, auth: str | None) -> bool:

@@ -47,7 +47,7 @@ from runtime.process_groups import stop_process_group, stop_process_groups
 from runtime.service_credentials import (MLFLOW_BUCKET, STORE_BUCKET, ServiceCredentials, ServicesError, TlsFiles,
                                        exec_seaweedfs, memory_file)
 from runtime.service_health import (answers, bucket_ready, dask_workers_up, mlflow_accepts, port_free,
-                                    workers_online)
+                                    workers_online, write_refused)
 from runtime.service_records import (asks_credentials, read_record, remove_record, still_running,
                                      write_record)
 from runtime.service_specs import SPECS, WORK_POOL, Placement, ServicePorts, listening_ports, spec
@@ -248,6 +248,14 @@ def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
                 records[service.name] = record
                 progress(f"{service.name}: up at {record['url']} (pid {record['pid']}, "
                          f"{time.monotonic() - began:.1f} s)")
+        if "s3" in records:
+            s3 = records["s3"]
+            data = Path(Placement.local(home).state) / "s3"
+            if problem := write_refused(s3["url"], creds.store, STORE_BUCKET, data):
+                # weed counts its volumes as it starts: after space is freed, only a restart sees it
+                raise ServicesError(f"s3: SeaweedFS at {s3['url']} is up but {problem}; free space there or put "
+                                    "WIKIRAG_HOME on a larger disk, then `wikirag services down` and up again "
+                                    f"(its log: {s3['log']})")
     except BaseException:
         for record in reversed(started):
             stop_process_group(record["pid"])

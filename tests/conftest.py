@@ -19,6 +19,8 @@ import pytest
 
 from rag_core.storage import Store
 from runtime.process_groups import die_with_parent
+from runtime.service_credentials import S3Identity
+from runtime.service_health import write_refused
 from runtime.settings import quiet_environment
 
 quiet_environment()
@@ -171,6 +173,7 @@ class SeaweedFS:
                     *extra]
         (root / "data").mkdir()
         self.server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, "wikirag-test")
+        self.extra = tuple(extra)  # limits a test sets on purpose (a full server) skip the write probe
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> S3Server:
@@ -186,12 +189,19 @@ class SeaweedFS:
             try:
                 if not fs.exists(self.server.bucket):
                     fs.mkdir(self.server.bucket)
-                return self.server
+                break
             except Exception:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"SeaweedFS did not start; see {self.root / 'weed.log'}") from None
                 time.sleep(0.5)
+        # A disk without room for a volume: every write would fail after the client's retries, test after test.
+        identity = S3Identity(self.server.key, self.server.secret)
+        if not self.extra and (problem := write_refused(self.server.endpoint, identity, self.server.bucket,
+                                                        self.root / "data")):
+            self.stop()
+            pytest.fail(f"the tests' SeaweedFS {problem}: free space on that disk and rerun")
+        return self.server
 
     def kill(self) -> None:
         """SIGKILL every process of the server at once: it dies as a crashed or powered-off store would."""

@@ -33,6 +33,8 @@ from rag_core.storage import Store
 from runtime.process_groups import die_with_parent
 from tests.conftest import SeaweedFS
 from tests.flows.conftest import PublishedIndex
+from tests.helpers.disks import fill
+from tests.helpers.disks import small_disk as mounted_small_disk
 from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.passagefiles import publish_small_index, sample_passages
 from tests.helpers.processes import REPO
@@ -46,25 +48,8 @@ NO_SPACE = "No space left on device; free space on the store's disk (or point --
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A mounted 2 MiB tmpfs, unmounted afterwards."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a small filesystem needs `mount -t tmpfs` as root; this run is not root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
-                          text=True, check=False)
-    if proc.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({proc.stderr.strip()})")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(disk: Path, leave: int) -> None:
-    """Fill ``disk`` until about ``leave`` bytes are free (``filler-<n>`` files, removed to make space again)."""
-    st = os.statvfs(disk)
-    free = st.f_bavail * st.f_frsize
-    (disk / f"filler-{len(list(disk.glob('filler-*')))}").write_bytes(b"\0" * max(0, free - leave))
+    with mounted_small_disk(tmp_path / "small-disk", "2m") as disk:
+        yield disk
 
 
 def _state(store: Path) -> tuple[list[str], str, str]:
@@ -83,7 +68,7 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(published_index:
     store = small_disk / "store"
     shutil.copytree(published_index.store, store)
     before_results = _search(store, capsys)
-    _fill(small_disk, leave=8 * 1024)
+    fill(small_disk, leave=8 * 1024)
     before = _state(store)
 
     # A rebuild (new FAISS shards) runs out of space: one line naming the file it was writing, and the fix.
@@ -103,7 +88,7 @@ def test_a_full_disk_is_one_line_and_the_previous_version_stays(published_index:
     assert _state(store) == before
 
     # Through the CLI, a write that does not fit (a pin, to a disk with no page left): one line, exit 2.
-    _fill(small_disk, leave=0)
+    fill(small_disk, leave=0)
     before = _state(store)
     code = main(["indexes", "pin", published_index.version, "--by", "rag-seq@champion", "--store", str(store)])
     err = capsys.readouterr().err
@@ -169,6 +154,7 @@ def test_a_full_s3_server_is_one_line_pointing_at_its_disk_and_once_it_has_room_
         # Room again (the same data, the server restarted without its limit): the same command publishes.
         seaweed.stop()
         seaweed.cmd = [arg for arg in seaweed.cmd if arg not in ONE_SMALL_VOLUME]
+        seaweed.extra = ()
         seaweed.start()
         rerun = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
                                preexec_fn=die_with_parent, check=False)

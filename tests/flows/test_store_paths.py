@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from cli.indexes import human_bytes
+from rag_core.progress import human_bytes
 from cli.wikirag import main
 from rag_core.index.faiss_index import sha256_hex
 from rag_core.index.version_names import new_version_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -17,6 +18,7 @@ from urllib.error import HTTPError
 
 import pytest
 
+from tests.helpers.disks import fill, small_disk
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "wikirag-services-secret-7f3a9c"  # distinctive: grepped for after the run
 CREDENTIALS = {  # every secret distinctive, each grepped for in argv, records, logs and files
@@ -104,6 +106,19 @@ def _group_pids(leader: int) -> list[int]:
             except ProcessLookupError:
                 continue
     return pids
+
+
+def _running_with(text: str) -> list[str]:
+    """The command lines of running processes that contain ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+        except OSError:
+            continue
+        if entry.name.isdigit() and text in line:
+            found.append(line)
+    return found
 
 
 def _python(env: dict[str, str], code: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -355,6 +370,26 @@ def test_a_port_in_use_or_missing_credentials_is_one_clear_line(tmp_path: Path) 
         result = _wikirag(partial, "services", "up", timeout=60)
         assert result.returncode == 2 and f"export {name} " in result.stderr and "Traceback" not in result.stderr
     assert {r[1] for r in _status(env).values()} == {"not started"}
+
+
+def test_an_s3_disk_without_room_for_a_volume_is_one_clear_line_and_nothing_stays_up(tmp_path: Path) -> None:
+    """SeaweedFS answers its health check, listings and bucket creation on a disk with no room for a volume, and
+    every write with HTTP 500: `services up` writes once to find out, and says so with the disk's free space
+    instead of handing out a store that fails each write after its retries."""
+    with small_disk(tmp_path / "disk", "200m") as disk:
+        fill(disk, leave=1000 * 1000)  # 1 MB free: 0.5% of the disk
+        env = _env(disk / "home")
+        result = _wikirag(env, "services", "up", "s3", timeout=120)
+        last = result.stderr.strip().splitlines()[-1]
+        print(last)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert last.startswith("wikirag: error: s3: SeaweedFS at http://127.0.0.1:"), last
+        assert "is up but refuses writes (" in last, last
+        assert re.search(r"its disk \(.*/home/services/s3\) has \d+\.\d KB free of 209\.7 MB \(0\.\d%\)", last), last
+        assert "free space there or put WIKIRAG_HOME on a larger disk, then `wikirag services down` and up " \
+               "again" in last, last
+        assert {r[1] for r in _status(env).values()} == {"not started"}  # the server it started is stopped again
+        assert _running_with(str(disk)) == [], "a process still runs on the small disk"
 
 
 # -- infra/*.sh: one engine each, in the foreground, as its definition says ------------------------------------
