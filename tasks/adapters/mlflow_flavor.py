@@ -46,6 +46,9 @@ from tasks.adapters.model_checksums import ModelArtifactError, check_files, writ
 FLAVOR_MODULE = __name__  # what MLmodel must name as the pyfunc loader_module
 DATA_DIR, RAG_DIR, BINDING = "data", "rag_model", "binding.json"
 CHECKSUMS_TAG = "wikirag.checksums_sha256"
+# The one file MLflow adds to a model's folder as it loads it (the name and version it loaded), at the root; YAML
+# that no wikirag loader reads.
+MLFLOW_WRITES = "registered_model_meta"
 # The pyfunc settings a wikirag model has (what save_model writes); any other (a code folder, a models-from-code
 # file, artifacts) would make MLflow run something from the artifact
 _FLAVOR_KEYS = frozenset({"loader_module", "data", "env", "python_version", "config"})
@@ -162,7 +165,7 @@ def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> 
     """MLflow's entry point (MLmodel's loader_module): the files checked against checksums.json, then built."""
     root = Path(data_path).parent
     check_mlmodel(root, str(root))
-    check_files(root, str(root), ignore={"registered_model_meta"})  # MLflow's download writes it, on this side
+    check_files(root, str(root), ignore={MLFLOW_WRITES})  # MLflow's download writes it, on this side
     return RagPredictor(build(Path(data_path), str(root), (model_config or {}).get("index_version")))
 
 
@@ -185,10 +188,11 @@ def load_registered(model_uri: str, tracking_uri: str, index_version: str | None
                                  "checked; refused: register models with wikirag "
                                  "(tasks.adapters.mlflow_registry.register)")
     with tempfile.TemporaryDirectory(prefix="wikirag-model-") as tmp, _no_progress_bar():
-        # the logged model's own files: a models:/NAME/VERSION download would add MLflow's registered_model_meta
+        # the logged model's own files. MLflow's pyfunc loader (and `mlflow models serve`) writes its
+        # registered_model_meta into them when they are on a local disk: never read here, so not refused
         root = Path(download_artifacts(artifact_uri=location, dst_path=tmp, tracking_uri=tracking_uri))
         check_mlmodel(root, where)
-        check_files(root, where, anchor=(anchor, f"the {CHECKSUMS_TAG} tag of {where}"))
+        check_files(root, where, anchor=(anchor, f"the {CHECKSUMS_TAG} tag of {where}"), ignore={MLFLOW_WRITES})
         return build(root / DATA_DIR, where, index_version)
 
 

@@ -118,6 +118,12 @@ def test_the_untampered_model_answers_through_wikirag_and_through_mlflow_pyfunc(
     with pytest.raises(ModelInputError, match=f"max_new_tokens {MAX_NEW_TOKENS_CAP + 1}: give a whole number"):
         pyfunc.predict([QUESTION], params={"max_new_tokens": MAX_NEW_TOKENS_CAP + 1})
 
+    # MLflow's loader left its registered_model_meta among the model's files (a local artifact store): wikirag
+    # does not read it, and still answers, the same
+    code, again, err = _ask(capsys)
+    assert code == 0, err
+    assert json.loads(again.strip().splitlines()[-1]) == record
+
 
 @pytest.mark.parametrize("where", ["python_model.py", "data/rag_model/generator/modeling_llama.py",
                                    "code/tasks/adapters/mlflow_flavor.py"])
