@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -71,6 +72,17 @@ DDP_PROCESSES = default(Launch, "nproc")
 def add_nproc(p: argparse.ArgumentParser, help: str) -> None:
     """``--nproc``: torchrun's processes per node; ``{default}`` in ``help`` is DDP_PROCESSES."""
     p.add_argument("--nproc", type=int, default=DDP_PROCESSES, help=help.format(default=DDP_PROCESSES))
+
+
+def data_file(value: str) -> str:
+    """``--train``/``--dev``: a URL as given; a local path checked to be a file and made absolute, since training
+    and evaluation read it in processes of their own (torchrun's ranks), whose working folder is not the shell's."""
+    if "://" in value and not value.startswith("file://"):
+        return value
+    path = Path(value.removeprefix("file://")).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{value}: no such file" if not path.exists() else f"{value}: not a file")
+    return str(path.resolve())
 
 
 def train_layers(value: str) -> int | str:

@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from cli.options import add_nproc, add_store, config_option, train_layers
+from cli.options import add_nproc, add_store, config_option, data_file, train_layers
 from rag_core.errors import WikiragError
 from rag_core.train.jobs import TRAINED_BLOCKS, FinetuneRequest, PromotionGate, ShortRun
 from rag_core.train.loaders import TASK_KINDS
@@ -20,7 +20,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from cli.flow_runs import import_flow, quiet_expected_tracebacks
     from runtime.prefect_server import prefect_api
 
-    log.info("evaluating %s on %s (%s) with MLflow at %s", args.model, args.dev, args.task, settings.tracking_uri)
+    if args.dev is None and args.task != "cloze":
+        raise WikiragError(f"--task {args.task} needs --dev FILE (only cloze draws its own held-out questions)")
+    log.info("evaluating %s on %s (%s) with MLflow at %s", args.model, args.dev or "its held-out cloze questions",
+             args.task, settings.tracking_uri)
     with prefect_api(settings.prefect_home, meanwhile=import_flow("flows.evaluate")):
         from flows.evaluate import evaluate_registered
 
@@ -92,8 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "DDP, evaluate, register wikirag-TASK in MLflow and gate its promotion")
     tune.add_argument("--task", required=True, choices=kinds, help="task kind of the files (cloze, generated-qa: "
                       "questions made from the index's own passages when --train is not given)")
-    tune.add_argument("--train", help="train file (path or URL) in the task's original format")
-    tune.add_argument("--dev", help="dev file (path or URL) in the task's original format")
+    tune.add_argument("--train", type=data_file, help="train file (path or URL) in the task's original format")
+    tune.add_argument("--dev", type=data_file, help="dev file (path or URL) in the task's original format")
     config_option(tune, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token (default {default})")
     tune.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: the "
                       "one `wikirag models fetch` installs)")
@@ -130,7 +133,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                               "knowledge hot-swap), recorded in MLflow")
     evaluate.add_argument("--model", required=True, help="model URI, e.g. models:/wikirag-nq@champion")
     evaluate.add_argument("--task", required=True, choices=kinds, help="the dev file's task kind")
-    evaluate.add_argument("--dev", help="dev file (path or URL) in the task's original format (cloze: default the "
+    evaluate.add_argument("--dev", type=data_file, help="dev file (path or URL) in the task's original format (cloze: default the "
                           "held-out questions of the passages the model was trained on)")
     evaluate.add_argument("--index", help="index version to retrieve from (default: the one the model is bound to)")
     evaluate.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval")

@@ -153,6 +153,26 @@ def test_finetune_trains_the_last_blocks_by_default_and_every_parameter_when_ask
     assert f"(default {TRAINED_BLOCKS}: cheaper steps" in help_text(capsys, "finetune")
 
 
+def test_train_and_dev_files_are_checked_at_once_and_made_absolute(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's ranks do not run in the shell's folder: a relative --train reaches them as an absolute path, a
+    missing one stops the command before anything starts, and evaluate without --dev says what it needs."""
+    (tmp_path / "nq-train.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["finetune", "--task", "nq", "--train", "nq-train.jsonl", "--dev",
+                                      "s3://bucket/nq-dev.jsonl"])
+    assert (args.train, args.dev) == (str(tmp_path / "nq-train.jsonl"), "s3://bucket/nq-dev.jsonl")
+    for command in (["finetune", "--task", "nq", "--train", "missing.jsonl", "--dev", "nq-train.jsonl"],
+                    ["evaluate", "--model", "models:/wikirag-nq/1", "--task", "nq", "--dev", "missing.jsonl"]):
+        with pytest.raises(SystemExit) as stopped:
+            build_parser().parse_args(command)
+        assert stopped.value.code == 2 and "missing.jsonl: no such file" in capsys.readouterr().err
+    code = main(["--home", str(tmp_path / "home"), "evaluate", "--model", "models:/wikirag-nq/1", "--task", "nq"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "wikirag: error: --task nq needs --dev FILE (only cloze draws its own held-out " \
+                                "questions)\n", err
+
+
 @pytest.mark.parametrize(("command", "teardown"), [(["--home", "h", "search", "q", "-k", "0"], False),
                                                    (["ingest", "missing.xml"], True)])
 def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_error(
