@@ -176,6 +176,15 @@ class Store:
     url: str
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
 
+    def __post_init__(self) -> None:
+        # here, not on first use: a child's URL is joined to this one (s3:// with no bucket would become s3:/indexes)
+        scheme, sep, rest = self.url.partition("://")
+        if sep and scheme not in fsspec.available_protocols():
+            raise StoreError(f"{self.url}: {scheme}:// is no storage protocol fsspec knows; give a folder, file:// "
+                             "or s3://BUCKET/PREFIX")
+        if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
+            raise StoreError(f"{self.url}: no bucket; give s3://BUCKET or s3://BUCKET/PREFIX")
+
     @cached_property
     def _fs_and_root(self) -> tuple[fsspec.AbstractFileSystem, str]:
         with translate_errors(self.url, "connecting"):

@@ -92,6 +92,18 @@ def test_a_server_failing_its_requests_points_at_its_disk_not_its_address() -> N
                             "(a rebuild reuses finished work)"), message
 
 
+@pytest.mark.parametrize(("url", "says"), [
+    ("ftp2://host/store", "ftp2://host/store: ftp2:// is no storage protocol fsspec knows; give a folder, file:// or "
+                          "s3://BUCKET/PREFIX"),
+    ("s3://", "s3://: no bucket; give s3://BUCKET or s3://BUCKET/PREFIX"),
+    ("s3:///prefix-without-bucket", "s3:///prefix-without-bucket: no bucket"),
+])
+def test_a_store_url_without_a_known_protocol_or_a_bucket_is_one_line(url: str, says: str) -> None:
+    with pytest.raises(StoreError) as error:
+        Store(url)
+    assert str(error.value).startswith(says), str(error.value)
+
+
 def test_unwritable_local_store(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
