@@ -182,7 +182,7 @@ def load_registered(model_uri: str, tracking_uri: str, index_version: str | None
         location = client.get_logged_model(model_id).artifact_location if model_id else None
     except MlflowException as exc:
         raise ModelArtifactError(f"{model_uri}: not found in MLflow at {tracking_uri} "
-                                 f"({str(exc).splitlines()[0][:200]}); check the name, version or alias") from None
+                                 f"({str(exc).splitlines()[0][:200]}); {_registered_as(client, model_uri)}") from None
     if not anchor or not location:
         raise ModelArtifactError(f"{where}: no {CHECKSUMS_TAG} tag or no logged model, so its files cannot be "
                                  "checked; refused: register models with wikirag "
@@ -224,6 +224,29 @@ def _resolve(client: Any, model_uri: str) -> tuple[str, str | None, str | None]:
     version = client.get_model_version_by_alias(name, rest) if sep == "@" else client.get_model_version(name, rest)
     return (f"models:/{version.name}/{version.version}", version.tags.get(CHECKSUMS_TAG),
             version.model_id or logged_model_id(version.source or ""))
+
+
+def _registered_as(client: Any, model_uri: str) -> str:
+    """What the registry holds under ``model_uri``'s name, for a lookup that failed: its versions and their
+    aliases (a first run's model can be challenger only), or the names it has."""
+    from mlflow.exceptions import MlflowException
+
+    name = model_uri.removeprefix("models:/").partition("@")[0].partition("/")[0]
+    try:
+        try:
+            aliases = client.get_registered_model(name).aliases if name and "'" not in name else None
+        except MlflowException:
+            aliases = None
+        if aliases is not None:
+            versions = sorted({int(v.version) for v in client.search_model_versions(f"name = '{name}'")})
+            named = {v: sorted(a for a, at in aliases.items() if int(at) == v) for v in versions[-5:]}
+            listed = ", ".join(f"{v} ({', '.join(a)})" if a else str(v) for v, a in named.items())
+            plural = "s" * (len(versions) > 1)
+            return f"{name} has version{plural} {listed}: give models:/{name}/VERSION or one of those aliases"
+        names = sorted(m.name for m in client.search_registered_models(max_results=20))
+    except MlflowException:
+        return "check the name, version or alias"
+    return f"registered models: {', '.join(names)}" if names else "no model is registered there yet"
 
 
 def logged_model_id(model_uri: str) -> str | None:

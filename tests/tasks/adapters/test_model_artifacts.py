@@ -125,6 +125,16 @@ def test_the_untampered_model_answers_through_wikirag_and_through_mlflow_pyfunc(
     assert json.loads(again.strip().splitlines()[-1]) == record
 
 
+def test_an_alias_or_name_the_registry_lacks_says_what_it_has(model: Registered,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    """A first run's model may be challenger only: the line lists the versions and their aliases."""
+    _refused(capsys, f"models:/{NAME}@challenger: not found in MLflow at {model.uri} (",
+             f"); {NAME} has version 1 (champion): give models:/{NAME}/VERSION or one of those aliases",
+             model_uri=f"models:/{NAME}@challenger")
+    _refused(capsys, "models:/wikirag-nq@champion: not found in MLflow", f"); registered models: {NAME}",
+             model_uri="models:/wikirag-nq@champion")
+
+
 @pytest.mark.parametrize("where", ["python_model.py", "data/rag_model/generator/modeling_llama.py",
                                    "code/tasks/adapters/mlflow_flavor.py"])
 def test_a_python_file_added_to_the_artifact_is_refused_and_never_imported(model: Registered, tmp_path: Path,
