@@ -132,9 +132,9 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     print_ = fingerprint(config, f"{request.eval_examples}|{request.max_new_tokens}|{request.decoding}|"
                                  f"{request.eval_precision}", margin)
     if not force and (done := registered_with(tracking_uri, request.task, print_)) is not None:
-        log.info("%s: reusing wikirag-%s v%s (trained and gated from the same recipe, data, index and margin; "
-                 "force=True retrains)",
-                 request.task, request.task, done["model_version"])
+        log.info("%s: reusing wikirag-%s v%s, %s now (trained and gated from the same recipe, data, index and "
+                 "margin; `wikirag finetune --force` trains again)",
+                 request.task, request.task, done["model_version"], done["alias"])
         return FinetuneOutcome(task=request.task, index_version=index_version, examples_per_s=None, dev=dev_url,
                                **done)
     run_id = start_run(tracking_uri, config, train_url, dev_url)

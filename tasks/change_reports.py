@@ -20,6 +20,7 @@ from rag_core.index.versions import list_versions
 from rag_core.storage import Store
 from tasks.adapters.mlflow_tracking import tracked_run
 from tasks.refresh import RefreshDecision
+from tasks.retry_policy import retry_unless_bad_input
 
 EXPERIMENT = "wikirag-index-changes"
 
@@ -29,7 +30,7 @@ def artifact_key(version: str) -> str:
     return "change-report-" + re.sub(r"[^a-z0-9-]+", "-", version.lower()).strip("-")
 
 
-@task(retries=1, retry_delay_seconds=5)
+@task(retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def version_report(store: Store, version: str) -> ChangeReport:
     """Pages and passages of ``version`` against the version published before it on ``store``."""
     return version_changes(store, version, previous_version(list_versions(store), version))

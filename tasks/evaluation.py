@@ -17,9 +17,10 @@ from rag_core.train.examples import Example
 from rag_core.train.loaders import load_task
 from tasks.adapters.mlflow_registry import _tracking
 from tasks.adapters.mlflow_tracking import MlflowRunLogger, check_reachable, metric_name
+from tasks.retry_policy import retry_unless_bad_input
 
 
-@task(retries=2, retry_delay_seconds=5)
+@task(retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def load_examples(kind: str, url: str, options: dict[str, Any] | None = None) -> list[Example]:
     """A task file in its original format (path or URL) as examples."""
     return list(load_task(kind, url, options or {}))

@@ -17,6 +17,7 @@ from rag_core.train.examples import examples_jsonl
 from rag_core.train.recipe import initial_model
 from rag_core.train.train_config import TrainConfig, TrainResult
 from tasks.adapters.torchrun_launcher import launch_training
+from tasks.retry_policy import retry_unless_bad_input
 
 CLOZE_DIR = "tasks/cloze"  # on the store: one folder per passage set and cloze config
 
@@ -27,7 +28,7 @@ def resolve_index(store: Store, index_version: str | None) -> str:
     return read_index_manifest(store, index_version).version
 
 
-@task(retries=1)
+@task(retries=1, retry_condition_fn=retry_unless_bad_input)
 def cloze_files(store: Store, index_version: str, config: ClozeConfig) -> tuple[str, str]:
     """``(train_url, dev_url)``: cloze questions on the passages behind ``index_version``, drawn once per passage set
     and config (a rerun reads the files written before; dev questions come from held-out articles)."""
@@ -64,7 +65,7 @@ def registered_with(tracking_uri: str, task_kind: str, print_: str) -> dict[str,
     """The registered ``wikirag-<task>`` version made from the same fingerprint, if any (a rerun then reuses it)."""
     from mlflow import MlflowClient
 
-    from tasks.adapters.mlflow_registry import model_name
+    from tasks.adapters.mlflow_registry import alias_now, model_name
     from tasks.adapters.mlflow_tracking import check_reachable
 
     check_reachable(tracking_uri)
@@ -78,7 +79,7 @@ def registered_with(tracking_uri: str, task_kind: str, print_: str) -> dict[str,
     metric = version.tags["dev_metric"]
     return {"run_id": version.run_id, "metric": metric, "fine_tuned": float(version.tags["dev_metric_value"]),
             "zero_shot": run.data.metrics.get(f"zero_shot_{metric}", float("nan")),
-            "model_version": str(version.version), "alias": ",".join(version.aliases) or "none",
+            "model_version": str(version.version), "alias": alias_now(client, version.name, version.version),
             "reason": f"reused: same recipe, data, index and margin as v{version.version}",
             "steps": int(run.data.params.get("max_steps", 0))}
 

@@ -42,6 +42,7 @@ from rag_core.train.generated_qa_store import (
 )
 from rag_core.wiki.ingest import published_manifest, read_passage_rows
 from tasks.quality import GateResult, _validate, artifact_key, report_markdown
+from tasks.retry_policy import retry_unless_bad_input
 
 
 class GeneratedQAPlan(BaseModel):
@@ -94,7 +95,7 @@ def plan_generated_qa(store: Store, index_version: str | None, config: Generated
                            reader_dtype=reader_dtype)
 
 
-@task(retries=1, retry_delay_seconds=5)
+@task(retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def generate_shard(store: Store, plan: GeneratedQAPlan, config: GeneratedQAConfig, shard: int) -> ShardPairs:
     """One passage shard's pairs, filtered against the held-out items and by the round trip."""
     start, stop = shard_rows(plan.n_passages, shard, config.shards)
@@ -112,7 +113,7 @@ def generate_shard(store: Store, plan: GeneratedQAPlan, config: GeneratedQAConfi
     return found
 
 
-@task(retries=1, retry_delay_seconds=5)
+@task(retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def lead_targets_of(store: Store, plan: GeneratedQAPlan, config: GeneratedQAConfig, part: pa.Table) -> pa.Table:
     """``part`` of the merged pairs with reader-lead targets: the generator reads each question's best passage."""
     from rag_core.train.generated_qa_reader import generator_replies

@@ -33,9 +33,10 @@ from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
 from rag_core.train.loaders import load_task
 from rag_core.wiki.ingest import read_passages
-from tasks.adapters.mlflow_registry import CHAMPION, model_name, register
+from tasks.adapters.mlflow_registry import CHAMPION, alias_now, model_name, register
 from tasks.adapters.mlflow_tracking import MlflowRunLogger
 from tasks.evaluation import evaluate, load_registered_model
+from tasks.retry_policy import retry_unless_bad_input
 
 QA_TASK = "qa"  # registered as wikirag-qa
 KEY_TAG, REPORT_TAG = "qa_gate_key", "qa_gate"
@@ -83,7 +84,7 @@ class QAGate(BaseModel):
         return bool(self.scores) and self.scores["fine-tuned"].em > self.scores["zero-shot"].em
 
 
-@task(retries=1, retry_delay_seconds=5)
+@task(retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def real_question_files(store: Store, index_version: str, qa_dir: str | None) -> RealQuestions:
     """The real questions answerable from ``index_version``'s articles, split, written once under
     ``tasks/real-questions/<version>/<digest>/`` on the store."""
@@ -129,11 +130,6 @@ def _gated_before(client: MlflowClient, key: str) -> Any | None:
     return next((v for v in versions if v.tags.get(KEY_TAG) == key), None)
 
 
-def _alias_now(client: MlflowClient, version: Any) -> str:
-    aliases = client.get_model_version(version.name, version.version).aliases
-    return CHAMPION if CHAMPION in aliases else (aliases[0] if aliases else "none")
-
-
 @task(cache_policy=NO_CACHE)
 def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: RealQuestions, source_task: str,
             source_version: str, run_id: str, zero_shot: Any, settings: dict[str, Any], limit: int | None = None
@@ -152,7 +148,7 @@ def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: Real
         report = QAGate.model_validate_json(done.tags[REPORT_TAG])
         log.info("%s v%s: gated before on the same %d test questions; reusing its scores", done.name, done.version,
                  report.test_questions)
-        return report.model_copy(update={"alias": _alias_now(client, done), "reused": True})
+        return report.model_copy(update={"alias": alias_now(client, done.name, done.version), "reused": True})
     sources = dict(Counter(e.id.rsplit("-", 1)[0] for e in test))
     if not test:
         return QAGate(test_questions=0, sources={}, scores={}, name=model_name(QA_TASK), version="",

@@ -28,6 +28,7 @@ from rag_core.progress import StageProgress
 from rag_core.storage import Store
 from rag_core.wiki.ingest import IngestConfig, read_staged_table, write_report
 from rag_core.wiki.passages import PageCounts
+from tasks.retry_policy import retry_unless_bad_input
 
 # Markup that should never survive cleaning; a few passages may keep some.
 RESIDUE_PATTERN = r"\{\{|\}\}|\[\[|\]\]|<ref|\{\||\|\}|&amp;|&nbsp;|<!--|__[A-Z]+__"
@@ -202,7 +203,7 @@ def warm_gates() -> None:
     threading.Thread(target=_context, name="gx-warm-up", daemon=True).start()
 
 
-@task(retries=2, retry_delay_seconds=2)
+@task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_bad_input)
 def gate_passages(store: Store, dump_id: str, layout: str, records: list[dict[str, Any]], config: IngestConfig) -> list[GateResult]:
     """The passages and page-count gates on every staged part, then ids across parts.
 

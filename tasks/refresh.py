@@ -37,6 +37,7 @@ from rag_core.storage import Store
 from rag_core.train.examples import Example
 from tasks.adapters.mlflow_registry import CHAMPION, Promotion, log_rag_model, register_rebound
 from tasks.adapters.mlflow_tracking import MlflowRunLogger, check_reachable
+from tasks.retry_policy import retry_unless_bad_input
 
 
 
@@ -118,7 +119,7 @@ def champions(tracking_uri: str, model: str | None = None) -> list[Champion]:
     return out
 
 
-@task(retries=1, retry_delay_seconds=5)
+@task(retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_bad_input)
 def compare_gold(store: Store, bound_index: str, new_index: str, examples: list[Example]) -> GoldDiff:
     """The dev questions split by whether their gold passage reads the same in both index versions' passages."""
     pages, titles = named_pages(examples)

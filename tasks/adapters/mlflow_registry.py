@@ -52,6 +52,13 @@ def model_name(task: str) -> str:
     return f"wikirag-{task}"
 
 
+def alias_now(client: MlflowClient, name: str, version: str | int) -> str:
+    """The alias ``name`` version ``version`` holds now, champion first; "none" without one. (A model version
+    from ``search_model_versions`` carries no aliases: MLflow fills them in ``get_model_version`` only.)"""
+    aliases = client.get_model_version(name, str(version)).aliases
+    return CHAMPION if CHAMPION in aliases else (sorted(aliases)[0] if aliases else "none")
+
+
 def pin_name(name: str, version: str | int) -> str:
     """Who holds an index version pinned for version ``version`` of ``name`` (or, while it is being registered,
     for the logged model ``m-<id>`` it is registered from)."""

@@ -116,6 +116,33 @@ def test_an_io_task_retries_a_transport_error_and_never_a_programming_error(pref
     assert ATTEMPTS == [kind] * attempts  # io_task: 2 retries
 
 
+def test_a_malformed_task_file_fails_once_not_once_per_retry(prefect_server: str, tmp_path: Path) -> None:
+    """The tasks that read input retry transport errors only: a file with the wrong keys fails the same way each
+    time, so it is read once, and its one error line is not repeated for each retry."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from rag_core.train.examples import TaskDataError
+    from tasks.evaluation import load_examples
+
+    bad = tmp_path / "nq-train.jsonl"
+    bad.write_text('{"query": "who wrote hamlet", "answer": ["Shakespeare"]}\n')
+
+    @flow(name="bad-task-file")
+    def run_it() -> tuple[bool, str, object]:
+        state = load_examples("nq", str(bad), return_state=True)
+        try:
+            state.result()
+        except TaskDataError as exc:
+            return state.is_failed(), str(exc), state.state_details.task_run_id
+        return state.is_failed(), "", state.state_details.task_run_id
+
+    failed, message, task_run = run_it()
+    assert failed and message.startswith(f"{bad}, line 1: missing field 'question'"), message
+    with get_client(sync_client=True) as client:
+        assert client.read_task_run(task_run).run_count == 1
+
+
 # -- decompressed page size ------------------------------------------------------------------------------------
 def test_ingest_refuses_a_bz2_bomb_past_the_default_page_cap_in_one_line(prefect_server: str, home: Path,
                                                                         tmp_path: Path,

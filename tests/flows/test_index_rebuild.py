@@ -381,6 +381,9 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     again = _cli("run", "--dump", str(dump), "--generator", str(llama), "--max-steps", "2", env=env, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "reusing wikirag-generated-qa v1" in again.stderr  # same dump, recipe and index: nothing retrained
+    [alias] = client.get_model_version("wikirag-generated-qa", "1").aliases  # champion or challenger, kept
+    assert f"reusing wikirag-generated-qa v1, {alias} now" in again.stderr, again.stderr[-3000:]
+    assert f"wikirag-generated-qa v1 | {alias}" in again.stdout, again.stdout[-3000:]  # the summary's table too
     assert "gated before on the same" in again.stderr  # nor evaluated or registered again
     assert len(client.search_model_versions("name='wikirag-qa'")) == 1
     assert read_manifest(store)["version"] == manifest["version"]
