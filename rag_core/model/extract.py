@@ -139,6 +139,27 @@ def _agent(words: list[str], question: _Question) -> list[str]:
     return name or words
 
 
+def _subject(words: list[str], question: _Question) -> list[str]:
+    """For a "who" question, the capitalised name a reply starts with, when a copula follows it and it does not
+    restate the question ("Aristotle was the first genuine scientist in history" -> "Aristotle")."""
+    if not question.asks_who:
+        return words
+    name = []
+    for word in words[:5]:
+        if _bare(word) in COPULAS:
+            break
+        if not word[:1].isupper() and not (name and _bare(word) in _NAME_LINKS) or _bare(word) in _SPAN_STOP:
+            return words
+        name.append(word)
+    else:
+        return words
+    while name and _bare(name[-1]) in _NAME_LINKS:
+        name.pop()
+    if not name or len(name) == len(words) or all(question.restates(word) for word in name):
+        return words
+    return name
+
+
 def _is_name(text: str) -> bool:
     words = text.rstrip(".").split()
     return 1 <= len(words) <= 4 and all(word[:1].isupper() for word in words)
@@ -157,7 +178,7 @@ def short_answer(reply: str, question: str) -> str:
         words.pop()
     words = _front(words, q) or words
     words = _back(words, q) or words
-    text = " ".join(_agent(words, q))
+    text = " ".join(_subject(_agent(words, q), q))
     outside = _PARENTHESIS.sub("", text).strip()
     inside = _PARENTHESIS.search(text)
     if inside and outside and all(q.restates(word) for word in outside.split()):  # "International Atomic Time (TAI)"

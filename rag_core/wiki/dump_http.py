@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import logging
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -18,6 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from rag_core.errors import DumpError
+
+log = logging.getLogger("wikirag.dumps")
 from rag_core.storage import StoreUnreachableError
 
 USER_AGENT = "wikirag-dump-mirror/0.1 (https://github.com/wikirag; dump mirror for a retrieval index)"
@@ -85,9 +89,17 @@ class DumpSiteClient:
                     wait = asked
             except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
                 # Refused, reset, timed out, or a body cut short (IncompleteRead): the next attempt may get through.
-                problem = type(getattr(exc, "reason", None) or exc).__name__
+                cause = getattr(exc, "reason", None) or exc
+                problem = "gaierror" if isinstance(cause, socket.gaierror) else type(cause).__name__
             if attempt < self.policy.tries:
-                time.sleep(min(wait, self.policy.max_wait_s))
+                pause = min(wait, self.policy.max_wait_s)
+                log.warning("%s: %s; try %d of %d in %.0f s", url, problem, attempt + 1, self.policy.tries, pause)
+                time.sleep(pause)
+        if problem == "gaierror":  # the name did not resolve: the network or the URL, not the site's load
+            raise DumpSiteUnavailableError(
+                f"{url}: the host name does not resolve (gaierror) through {self.policy.tries} tries; check this "
+                "machine's network and DNS, or the dump site's URL"
+            )
         raise DumpSiteUnavailableError(
             f"{url}: {problem} through {self.policy.tries} tries; the dump site is busy or down, rerun later "
             "(mirrored pieces are kept)"

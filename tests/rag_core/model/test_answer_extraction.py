@@ -44,6 +44,11 @@ CASES = [
      "Who coined the word altruism?", "Auguste Comte"),
     ("The primary election was won by the incumbent Republican Governor, Kay Ivey.",
      "who won the alabama governors race in the primary election", "Kay Ivey"),
+    # a "who" question answered by a name and what it was: the name (links inside it stay, a pronoun is no name)
+    ("Aristotle was the first genuine scientist in history", "Who tutored Alexander the Great?", "Aristotle"),
+    ("Leonardo da Vinci was an Italian polymath.", "Who painted the Mona Lisa?", "Leonardo da Vinci"),
+    ("He was a Greek philosopher.", "Who tutored Alexander the Great?", "He was a Greek philosopher"),
+    ("Alexander the Great was a king", "Who was Alexander the Great?", "a king"),
     # a reply cut at the token limit: the dangling copula and article go, titles that end in such words stay
     ("The Treaty of Paris (1783) was the", "Which treaty ended the American Revolutionary War?", "The Treaty of Paris"),
     ("The capital of Algeria is Algiers, a city on the", "What is the capital of Algeria?", "Algiers"),

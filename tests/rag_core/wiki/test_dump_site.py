@@ -5,6 +5,7 @@ local and a real S3 store (SeaweedFS), and a wrong or changed sum that keeps not
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -106,11 +107,26 @@ def test_a_retry_after_past_the_longest_wait_ends_the_run_at_once(site: DumpSite
     assert len(site.log) == 1
 
 
-def test_a_site_busy_through_every_try_is_a_transport_error(site: DumpSiteServer) -> None:
+def test_a_site_busy_through_every_try_is_a_transport_error(site: DumpSiteServer,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     site.busy["/enwiki/"] = [(503, "0")] * 3
-    with pytest.raises(DumpSiteUnavailableError, match="HTTP 503 through 3 tries; the dump site is busy or down"):
+    with caplog.at_level(logging.WARNING, logger="wikirag.dumps"), \
+            pytest.raises(DumpSiteUnavailableError, match="HTTP 503 through 3 tries; the dump site is busy or down"):
         check_site(config(site, tries=3), current=NEW)
     assert len(site.log) == 3
+    # each wait is said as it starts, so a slow site is never a silent one
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == ["HTTP 503; try 2 of 3 in 0 s",
+                                                                         "HTTP 503; try 3 of 3 in 0 s"]
+
+
+def test_a_host_name_that_does_not_resolve_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A name no DNS resolves (``.invalid`` is reserved for that, RFC 2606; with no network, none resolves): the
+    network or the URL, not a busy site."""
+    unresolvable = DumpSiteConfig(site="http://dumps.wikirag.invalid/", wiki="enwiki", tries=2, backoff_s=0.05)
+    with pytest.raises(DumpSiteUnavailableError) as error:
+        check_site(unresolvable, current=NEW)
+    assert str(error.value) == ("http://dumps.wikirag.invalid/enwiki/: the host name does not resolve (gaierror) "
+                                "through 2 tries; check this machine's network and DNS, or the dump site's URL")
 
 
 def test_a_status_pointing_off_the_site_is_refused(site: DumpSiteServer) -> None:
