@@ -113,6 +113,9 @@ def pipeline(dump: str, store: StoreAccess, tracking_uri: str, generator: str, r
     answered_by, answers = qa_answers(tracking_uri, start, list(questions or SAMPLE_QUESTIONS))
     recall = {o.task: retrieval_recall(store.store(), version, o.task, o.dev, store.options(o.dev))
               for o in outcomes if o.dev}
+    if held_out.test_size:  # the real questions the gate scores: the recall a user's question meets
+        recall["real held-out questions"] = retrieval_recall(store.store(), version, "nq", held_out.test,
+                                                             store.options(held_out.test))
     plots = write_plots(tracking_uri, outcomes, recall, report_dir, gate)
     passages = index_facts(store, version)
     markdown = publish_summary(summary_markdown(version, passages, outcomes, held_out, gate, answered_by, answers,

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from rag_core.evaluate.paired import sign_test
 from rag_core.storage import Store
+from rag_core.train.loaders import TASK_KINDS
 
 _RECALL = re.compile(r"^dev_(answer|passage|page)_recall_at_(\d+)$")
 
@@ -99,27 +100,34 @@ def retrieval_recall(store: Store, index_version: str, task_kind: str, dev_url: 
 
 
 def plot_recall(metrics: dict[str, dict[str, float]], path: Path) -> Path | None:
-    """Retrieval recall@k of each task's dev set (answer, passage or page recall, whichever the task allows)."""
+    """Retrieval recall@k of each question set in ``metrics`` (a task's dev set, or the real held-out questions):
+    answer, passage or page recall, whichever the set allows. Curves that coincide (a generated set is filtered
+    to questions that retrieve their passage, so its recall is 1 at every k) stay apart by line style."""
     figure = _figure()
     axes = figure.add_subplot()
+    styles = iter([("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("x", "--")] * 4)
     drawn = False
-    for task_kind, values in metrics.items():
+    for questions, values in metrics.items():
         curves: dict[str, list[tuple[int, float]]] = {}
         for name, value in values.items():
             if match := _RECALL.match(name):
                 curves.setdefault(match.group(1), []).append((int(match.group(2)), value))
         for kind, points in curves.items():
             ks, ys = zip(*sorted(points))
-            axes.plot(ks, ys, marker="o", label=f"{task_kind}: {kind} recall")
+            marker, line = next(styles)
+            axes.plot(ks, ys, marker=marker, linestyle=line, markersize=7 if drawn else 9,
+                      label=f"{questions}{' dev' if questions in TASK_KINDS else ''}: {kind} recall")
             drawn = True
     if not drawn:
         return None
     axes.set_xscale("log")
+    axes.set_xticks(RECALL_KS, [str(k) for k in RECALL_KS])
+    axes.minorticks_off()
     axes.set_xlabel("k (passages retrieved)")
     axes.set_ylabel("recall@k")
-    axes.set_ylim(0, 1.02)
-    axes.set_title("Retrieval recall@k on dev")
-    axes.legend()
+    axes.set_ylim(0, 1.05)
+    axes.set_title("Retrieval recall@k")
+    axes.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path)
     return path

@@ -9,7 +9,7 @@ from matplotlib import colors
 from matplotlib.image import imread
 
 from tasks.qa_gate import ModelScores, QAGate
-from tasks.reports import GATE_BARS, plot_gate
+from tasks.reports import GATE_BARS, RECALL_KS, plot_gate, plot_recall
 
 
 def _gate(values: dict[str, float], **fields) -> QAGate:
@@ -40,3 +40,25 @@ def test_the_gate_plot_is_left_out_when_no_question_was_scored(tmp_path: Path) -
                   reason="no held-out real question is answerable from this index")
     assert plot_gate(gate, tmp_path / "real_questions.png") is None
     assert not (tmp_path / "real_questions.png").exists()
+
+
+def _rows(image: np.ndarray, color: str) -> np.ndarray:
+    """The image rows (0 at the top) holding pixels of ``color``."""
+    rgb = np.array(colors.to_rgb(color))
+    return np.nonzero((np.abs(image[..., :3] - rgb).max(axis=-1) < 0.02).any(axis=1))[0]
+
+
+def test_the_recall_plot_shows_the_real_questions_below_a_generated_set_at_one(tmp_path: Path) -> None:
+    """A generated set retrieves its own passage by construction (recall 1 at every k); the real held-out
+    questions' curve is the one that says something, and it is drawn where its values are."""
+    real = dict(zip(RECALL_KS, (0.2, 0.4, 0.6, 0.8, 0.9), strict=True))
+    path = plot_recall({"generated-qa": {f"dev_answer_recall_at_{k}": 1.0 for k in RECALL_KS},
+                        "real held-out questions": {f"dev_answer_recall_at_{k}": v for k, v in real.items()}},
+                       tmp_path / "retrieval_recall.png")
+    image = imread(path)
+    left = image[:, : image.shape[1] * 35 // 100]  # k = 1 and 2; the legend sits at the lower right
+    generated, held_out = _rows(left, "C0"), _rows(left, "C1")
+    # there the generated curve is a flat line at the top, and the real one lies far below it (recall 0.2-0.4)
+    assert generated.max() - generated.min() < 0.05 * image.shape[0]
+    assert held_out.min() - generated.max() > 0.3 * image.shape[0]
+    assert plot_recall({"generated-qa": {}}, tmp_path / "none.png") is None
