@@ -74,15 +74,25 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         ("passage set", f"{m.dump_id} ({m.passages})" if m.dump_id else "-"),
         ("dump", f"{m.dump.get('url')} sha256 {str(m.dump.get('sha256'))[:12]}..." if m.dump else "-"),
         ("held by", ", ".join(holders(store, m.version)) or "nobody (deletable)"),
-        *((f"gate {name}", value) for name, value in m.gates.items()),
+        *((f"gate {name}", value) for name, value in _gate_lines(m.gates).items()),
     ]
+    width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:
-        print(f"{key:<14}{value}")
+        print(f"{key:<{width}}{value}")
     print(f"\n{'shard':>5} {'passages':>10} {'bytes':>12}  embeddings (rows, file)  meta")
     for e in m.shards:
         emb = f"{e.embeddings.start}..{e.embeddings.stop} {e.embeddings.vectors}" if e.embeddings else "-"
         print(f"{e.shard:>5} {e.count:>10,} {e.bytes:>12,}  {emb}  {json.dumps(e.meta, sort_keys=True)}")
     return 0
+
+
+def _gate_lines(gates: dict[str, Any]) -> dict[str, str]:
+    """One line per gate: its outcome, then the values it observed ("index-counts: expect_...(ntotal)": 4391)."""
+    lines: dict[str, str] = {}
+    for name, value in gates.items():
+        gate, _, check = name.partition(": ")
+        lines[gate] = f"{lines[gate]}; {check} = {value}" if check and gate in lines else str(value)
+    return lines
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:

@@ -191,3 +191,13 @@ def test_the_program_skips_the_interpreters_teardown_after_a_read_only_commands_
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("wikirag: error: ")
     assert ("teardown ran, frozen: True" in proc.stdout) is teardown, proc.stdout
+
+
+def test_indexes_show_puts_each_gate_on_one_line_with_what_it_observed() -> None:
+    from cli.indexes import _gate_lines
+
+    gates = {"embeddings": "passed (5 expectations, 4,391 rows)", "index-counts": "passed (3 expectations, 4 rows)",
+             "index-counts: expect_column_sum_to_be_between(ntotal)": 4391}
+    assert _gate_lines(gates) == {
+        "embeddings": "passed (5 expectations, 4,391 rows)",
+        "index-counts": "passed (3 expectations, 4 rows); expect_column_sum_to_be_between(ntotal) = 4391"}
