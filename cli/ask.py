@@ -21,6 +21,10 @@ from rag_core.train.jobs import ShortRun
 from rag_core.train.train_config import TrainConfig
 from runtime.settings import Settings
 
+# The paper reads 5 or 10 passages. Thorough RAG-Sequence scores n replies against n passages: past 20 the
+# default generator's memory outgrows a 24 GB machine's share for one command, and an answer takes minutes.
+MAX_N_DOCS = 20
+
 
 def load_model(settings: Settings, *, index: str | None = None, generator: str | None = None,
                kind: str = "sequence", n_docs: int = ShortRun().n_docs, dtype: str = "float32") -> Any:
@@ -51,8 +55,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches
 
     questions = read_questions(args.questions, args.question)
-    if args.n_docs < 1:
-        raise WikiragError(f"--n-docs must be at least 1, got {args.n_docs}")
+    if not 1 <= args.n_docs <= MAX_N_DOCS:
+        raise WikiragError(f"--n-docs must be 1 to {MAX_N_DOCS}, got {args.n_docs}: RAG-Sequence scores each "
+                           "passage's reply against every passage, so its memory and time grow with the square")
     if args.model:  # a registered model: its own generator, question encoder and index binding
         from tasks.evaluation import load_registered_model
 
@@ -78,8 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      "(default: the one `wikirag models fetch` installs)")
     config_option(ask, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token marginalisation (default {default})",
                   keep_default=True)
-    config_option(ask, "--n-docs", ShortRun, "n_docs", "passages per question (default {default}, as the main "
-                  "job's model and gate)", keep_default=True)
+    config_option(ask, "--n-docs", ShortRun, "n_docs", "passages per question, 1 to " + str(MAX_N_DOCS) +
+                  " (default {default}, as the main job's model and gate)", keep_default=True)
     dtype = inspect.signature(load_model).parameters["dtype"].default
     ask.add_argument("--dtype", choices=["float32", "auto", "bfloat16"], default=dtype,
                      help=f"generator weights (default {dtype}; auto = bf16 where the CPU has it natively: faster, "
