@@ -443,6 +443,25 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _validation_text(exc: ValidationError, argv: Sequence[str] | None) -> str:
+    """A refused value in the words the user gave it: the environment variable a setting came from, or the flag
+    on the command line (``-k 0: Input should be greater than or equal to 1``); else the config's field."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    parts = []
+    for error in exc.errors()[:3]:
+        field = str(error["loc"][0]) if error["loc"] else ""
+        info = Settings.model_fields.get(field) if exc.title in ("Settings", "Switches") else None
+        flags = [f"--{field.replace('_', '-')}", f"-{field}"]
+        if flag := next((f for f in flags if f in given), None):
+            value = given[given.index(flag) + 1] if given.index(flag) + 1 < len(given) else ""
+            parts.append(f"{flag} {value}: {error['msg']}")
+        elif info is not None:
+            parts.append(f"{info.validation_alias or 'WIKIRAG_' + field.upper()}={error['input']!r}: {error['msg']}")
+        else:
+            return f"{exc.title}: {describe_errors(exc)}"
+    return "; ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_environment()
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -459,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (WikiragError, ValidationError) as exc:
             if args.verbose:
                 log.exception("failed")
-            text = f"{exc.title}: {describe_errors(exc)}" if isinstance(exc, ValidationError) else str(exc)
+            text = _validation_text(exc, argv) if isinstance(exc, ValidationError) else str(exc)
             print(f"wikirag: error: {text}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:

@@ -95,7 +95,7 @@ def test_flags_override_settings_without_touching_the_environment(home: Path, tm
 
     assert main(["search", "q", "-k", "0", "--store", str(tmp_path)]) == 2  # a bad value: one line, no traceback
     err = capsys.readouterr().err
-    assert err == "wikirag: error: SearchConfig: field 'k': Input should be greater than or equal to 1\n"
+    assert err == "wikirag: error: -k 0: Input should be greater than or equal to 1\n"  # the flag, as given
 
 
 def test_store_access_keeps_credentials_out_of_what_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +117,7 @@ def test_the_lease_ttl_reaches_the_flows_store_access_and_a_bad_one_is_one_line(
     for bad, why in (("1", "greater than or equal to 5"), ("86400", "less than or equal to 21600")):
         monkeypatch.setenv("WIKIRAG_LEASE_TTL_S", bad)
         assert main(["indexes", "--store", str(tmp_path)]) == 2
-        assert capsys.readouterr().err == f"wikirag: error: Settings: field 'lease_ttl_s': Input should be {why}\n"
+        assert capsys.readouterr().err == f"wikirag: error: WIKIRAG_LEASE_TTL_S='{bad}': Input should be {why}\n"
 
 
 def test_run_flags_set_the_main_jobs_fine_tune(capsys: pytest.CaptureFixture) -> None:

@@ -20,14 +20,14 @@ from tests.flows.conftest import PublishedIndex
 DUMP = str(MULTISTREAM)
 # (arguments, what the one line must say); {store}, {version}, {file}, {dump} are filled in per test
 CASES = {
-    "index shards negative": (["index-rebuild", "{dump}", "--shards", "-1"], "field 'shards': Input should be greater"),
-    "ingest shards negative": (["ingest", "{dump}", "--shards", "-3"], "field 'shards': Input should be greater"),
+    "index shards negative": (["index-rebuild", "{dump}", "--shards", "-1"], "--shards -1: Input should be greater"),
+    "ingest shards negative": (["ingest", "{dump}", "--shards", "-3"], "--shards -3: Input should be greater"),
     "words 0": (["ingest", "{dump}", "--words", "0"], "field 'words_per_passage': Input should be greater"),
-    "workers 0": (["ingest", "{dump}", "--workers", "0"], "field 'workers': Input should be greater"),
+    "workers 0": (["ingest", "{dump}", "--workers", "0"], "--workers 0: Input should be greater"),
     "recall target 1.5": (["index-rebuild", "{dump}", "--recall-target", "1.5"],
-                          "field 'recall_target': Input should be less than or equal to 1"),
-    "k 0": (["search", "Who was Achilles?", "-k", "0"], "field 'k': Input should be greater"),
-    "k negative": (["search", "Who was Achilles?", "-k", "-7"], "field 'k': Input should be greater"),
+                          "--recall-target 1.5: Input should be less than or equal to 1"),
+    "k 0": (["search", "Who was Achilles?", "-k", "0"], "-k 0: Input should be greater"),
+    "k negative": (["search", "Who was Achilles?", "-k", "-7"], "-k -7: Input should be greater"),
     "k over the cap": (["search", "Who was Achilles?", "-k", str(MAX_K + 1)],
                        f"-k {MAX_K + 1} is over the cap of {MAX_K} passages per question; ask for at most {MAX_K}"),
     "k huge": (["search", "Who was Achilles?", "-k", str(10**9)], f"-k {10**9} is over the cap of {MAX_K}"),
