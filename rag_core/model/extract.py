@@ -14,7 +14,9 @@ by rules that read only the reply and the question, in this order:
    ("Apollo 11 landed on the Moon in", "Alkane:");
 4. a restated question at the back: a trailing run of such words that holds two of the
    question's content words ("[The Treaty of Paris] ended the American Revolutionary War");
-5. for a "who" question, the capitalised name after the last "by" ("a symphony by George Gershwin");
+5. for a "who" question, the capitalised name after the last "by" ("a symphony by George Gershwin"),
+   or the one the reply starts with when a copula follows it and it is not the question's own
+   ("Aristotle was the first genuine scientist in history");
 6. a parenthesis (its content, when all that is outside restates the question: "International Atomic
    Time (TAI)"), a clause after a comma (not a date's "16, 1969"; for a "who" question, a name that
    follows a description: "the founder of sociology, Auguste Comte"), a final full stop, and quotes
