@@ -47,6 +47,10 @@ from tasks.finetune import (
     zero_shot_model,
 )
 
+# Below this many dev examples even every answer changing for the better is within chance: the gate's
+# two-sided sign test (rag_core.evaluate.paired) gives 5 such answers p = 0.0625.
+FEW_DEV_EXAMPLES = 6
+
 quiet_environment()
 
 
@@ -161,6 +165,11 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     _, before = baseline.headline
     log.info("%s: %s %.4f zero-shot -> %.4f fine-tuned; %s v%s is %s (%s)", request.task, metric, before, value,
              promotion.name, promotion.version, promotion.alias, promotion.reason)
+    if len(dev_examples) < FEW_DEV_EXAMPLES:
+        log.warning("%s: gated on %d dev example(s): no difference on fewer than %d can be told from chance (a "
+                    "sign test needs %d answers changed the same way); give a larger --dev or --eval-examples "
+                    "before trusting the alias", request.task, len(dev_examples), FEW_DEV_EXAMPLES,
+                    FEW_DEV_EXAMPLES)
     return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, dev=dev_url, metric=metric,
                            zero_shot=before, fine_tuned=value, model_version=promotion.version, alias=promotion.alias,
                            reason=promotion.reason, steps=result.final_step, examples_per_s=result.examples_per_s)

@@ -76,8 +76,11 @@ def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, 
     # and fail with "config differs"); --train-layers reaches the recipe.
     partial = _cli(env, "finetune", "--task", "nq", "--train", str(train), "--dev", str(dev), "--generator",
                    str(tmp_path / "llama"), "--nproc", "2", "--max-steps", "3", "--batch-size", "4",
-                   "--n-docs", "2", "--eval-examples", "6", "--train-layers", "1")
+                   "--n-docs", "2", "--eval-examples", "5", "--train-layers", "1")
     assert partial.returncode == 0, partial.stderr[-4000:]
+    # 5 dev examples: no gate on them can tell a fine-tune from chance, and the run says so; 6 can
+    assert "nq: gated on 5 dev example(s): no difference on fewer than 6 can be told from chance" in partial.stderr
+    assert "gated on 6 dev example(s)" not in tuned.stderr
     second = json.loads(partial.stdout.strip().splitlines()[-1])
     assert second["run_id"] != outcome["run_id"] and second["model_version"] == "2" and second["steps"] == 3
     params = client.get_run(second["run_id"]).data.params
