@@ -21,8 +21,8 @@ from rag_core.train.jobs import ShortRun
 from rag_core.train.train_config import TrainConfig
 from runtime.settings import Settings
 
-# The paper reads 5 or 10 passages. Thorough RAG-Sequence scores n replies against n passages: past 20 the
-# default generator's memory outgrows a 24 GB machine's share for one command, and an answer takes minutes.
+# The paper reads 5 or 10 passages. Thorough RAG-Sequence scores n replies against n passages, so memory and
+# time grow with n squared; twice the paper's most keeps one question's answer to a machine's share.
 MAX_N_DOCS = 20
 
 
@@ -55,7 +55,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches
 
     questions = read_questions(args.questions, args.question)
-    if not 1 <= args.n_docs <= MAX_N_DOCS:
+    if args.n_docs < 1:
+        raise WikiragError(f"--n-docs must be 1 to {MAX_N_DOCS}, got {args.n_docs}")
+    if args.n_docs > MAX_N_DOCS:
         raise WikiragError(f"--n-docs must be 1 to {MAX_N_DOCS}, got {args.n_docs}: RAG-Sequence scores each "
                            "passage's reply against every passage, so its memory and time grow with the square")
     if args.model:  # a registered model: its own generator, question encoder and index binding

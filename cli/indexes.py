@@ -88,10 +88,11 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
 
 def _gate_lines(gates: dict[str, Any]) -> dict[str, str]:
     """One line per gate: its outcome, then the values it observed ("index-counts: expect_...(ntotal)": 4391)."""
-    lines: dict[str, str] = {}
+    lines = {name: str(value) for name, value in gates.items() if ": " not in name}
     for name, value in gates.items():
         gate, _, check = name.partition(": ")
-        lines[gate] = f"{lines[gate]}; {check} = {value}" if check and gate in lines else str(value)
+        if check:
+            lines[gate] = f"{lines[gate]}; {check} = {value}" if gate in lines else f"{check} = {value}"
     return lines
 
 

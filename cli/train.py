@@ -133,8 +133,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                               "knowledge hot-swap), recorded in MLflow")
     evaluate.add_argument("--model", required=True, help="model URI, e.g. models:/wikirag-nq@champion")
     evaluate.add_argument("--task", required=True, choices=kinds, help="the dev file's task kind")
-    evaluate.add_argument("--dev", type=data_file, help="dev file (path or URL) in the task's original format (cloze: default the "
-                          "held-out questions of the passages the model was trained on)")
+    evaluate.add_argument("--dev", type=data_file, help="dev file (path or URL) in the task's original format "
+                          "(cloze: default the held-out questions of the passages the model was trained on)")
     evaluate.add_argument("--index", help="index version to retrieve from (default: the one the model is bound to)")
     evaluate.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval")
     add_store(evaluate)

@@ -444,19 +444,21 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 
 def _validation_text(exc: ValidationError, argv: Sequence[str] | None) -> str:
-    """A refused value in the words the user gave it: the environment variable a setting came from, or the flag
-    on the command line (``-k 0: Input should be greater than or equal to 1``); else the config's field."""
+    """A refused value in the words the user gave it: the flag on the command line that carried exactly that value
+    (``-k 0: Input should be greater than or equal to 1``), or the environment variable of a setting; else the
+    model's field (a flag named otherwise than its field, a value that came from elsewhere)."""
     given = list(sys.argv[1:] if argv is None else argv)
     parts = []
     for error in exc.errors()[:3]:
         field = str(error["loc"][0]) if error["loc"] else ""
-        info = Settings.model_fields.get(field) if exc.title in ("Settings", "Switches") else None
-        flags = [f"--{field.replace('_', '-')}", f"-{field}"]
-        if flag := next((f for f in flags if f in given), None):
-            value = given[given.index(flag) + 1] if given.index(flag) + 1 < len(given) else ""
-            parts.append(f"{flag} {value}: {error['msg']}")
-        elif info is not None:
-            parts.append(f"{info.validation_alias or 'WIKIRAG_' + field.upper()}={error['input']!r}: {error['msg']}")
+        value = error.get("input")
+        said = [i for i, word in enumerate(given[:-1]) if field and word in (f"--{field.replace('_', '-')}",
+                                                                             f"-{field}")]
+        setting = Settings.model_fields.get(field) if exc.title in ("Settings", "Switches") else None
+        if said and given[said[-1] + 1] == str(value):  # argparse keeps a repeated flag's last value
+            parts.append(f"{given[said[-1]]} {value}: {error['msg']}")
+        elif setting is not None:
+            parts.append(f"{setting.validation_alias or 'WIKIRAG_' + field.upper()}={value!r}: {error['msg']}")
         else:
             return f"{exc.title}: {describe_errors(exc)}"
     return "; ".join(parts)

@@ -47,8 +47,8 @@ from tasks.finetune import (
     zero_shot_model,
 )
 
-# Below this many dev examples even every answer changing for the better is within chance: the gate's
-# two-sided sign test (rag_core.evaluate.paired) gives 5 such answers p = 0.0625.
+# Below this many dev examples even every answer changing for the better is within chance: a two-sided sign
+# test (rag_core.evaluate.paired.sign_test) gives 5 such answers p = 0.0625. The gate itself compares means.
 FEW_DEV_EXAMPLES = 6
 
 quiet_environment()

@@ -135,7 +135,7 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         if name in _UNREACHABLE or isinstance(exc, (ConnectionError, TimeoutError)):
             raise StoreUnreachableError(f"{url}: {action} failed: store unreachable ({name}); {_ENDPOINT_HINT}, "
                                         f"{_RERUN_HINT}") from exc
-        if (status := _server_error(exc)) is not None:
+        if (status := server_error_status(exc)) is not None:
             hint = _FAILING_HINT if status in (500, 507) else _ENDPOINT_HINT
             raise StoreUnreachableError(f"{url}: {action} failed: the store answered HTTP {status} ({_reason(exc)}); "
                                         f"{hint}, {_RERUN_HINT}") from exc
@@ -146,7 +146,7 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
         raise
 
 
-def _server_error(exc: BaseException) -> int | None:
+def server_error_status(exc: BaseException) -> int | None:
     """The HTTP status (5xx) of a server error behind ``exc`` (s3fs wraps botocore's ClientError in an OSError)."""
     seen: BaseException | None = exc
     for _ in range(4):

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.error import HTTPError
 
 from rag_core.progress import human_bytes
+from rag_core.storage import server_error_status
 from runtime.service_credentials import S3Identity, ServicesError, TlsFiles
 from runtime.service_specs import Health
 
@@ -87,12 +88,14 @@ def write_refused(endpoint: str, who: S3Identity, bucket: str, data_dir: Path) -
         fs.pipe(probe, b"probe")
         fs.rm(probe)
         return None
-    except OSError as exc:
+    except Exception as exc:  # botocore's connection errors are no OSError
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        if server_error_status(exc) not in (500, 507):
+            return f"refuses writes ({reason}); check its credentials and its log"
         disk = shutil.disk_usage(data_dir)
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return (f"refuses writes ({reason[:120]}); its disk ({data_dir}) has {human_bytes(disk.free)} free of "
+        return (f"refuses writes ({reason}); its disk ({data_dir}) has {human_bytes(disk.free)} free of "
                 f"{human_bytes(disk.total)} ({100 * disk.free / disk.total:.1f}%), and SeaweedFS takes no writes with "
-                "less than 1% free or its volumes full")
+                "less than 1% free or its volumes full; free space there or put WIKIRAG_HOME on a larger disk")
 
 
 def workers_online(api_url: str, pool: str, auth: str | None) -> bool:

@@ -253,9 +253,8 @@ def up(home: Path, ports: ServicePorts, creds: ServiceCredentials, repo: Path,
             data = Path(Placement.local(home).state) / "s3"
             if problem := write_refused(s3["url"], creds.store, STORE_BUCKET, data):
                 # weed counts its volumes as it starts: after space is freed, only a restart sees it
-                raise ServicesError(f"s3: SeaweedFS at {s3['url']} is up but {problem}; free space there or put "
-                                    "WIKIRAG_HOME on a larger disk, then `wikirag services down` and up again "
-                                    f"(its log: {s3['log']})")
+                raise ServicesError(f"s3: SeaweedFS at {s3['url']} is up but {problem}, then `wikirag services "
+                                    f"down` and up again (its log: {s3['log']})")
     except BaseException:
         for record in reversed(started):
             stop_process_group(record["pid"])

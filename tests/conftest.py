@@ -200,7 +200,7 @@ class SeaweedFS:
         if not self.extra and (problem := write_refused(self.server.endpoint, identity, self.server.bucket,
                                                         self.root / "data")):
             self.stop()
-            pytest.fail(f"the tests' SeaweedFS {problem}: free space on that disk and rerun")
+            pytest.fail(f"the tests' SeaweedFS {problem}, and rerun")
         return self.server
 
     def kill(self) -> None:

@@ -15,8 +15,8 @@ by rules that read only the reply and the question, in this order:
 4. a restated question at the back: a trailing run of such words that holds two of the
    question's content words ("[The Treaty of Paris] ended the American Revolutionary War");
 5. for a "who" question, the capitalised name after the last "by" ("a symphony by George Gershwin"),
-   or the one the reply starts with when a copula follows it and it is not the question's own
-   ("Aristotle was the first genuine scientist in history");
+   or the one the reply starts with when "is"/"was" and an article follow it and it is not the
+   question's own ("Aristotle was the first genuine scientist in history");
 6. a parenthesis (its content, when all that is outside restates the question: "International Atomic
    Time (TAI)"), a clause after a comma (not a date's "16, 1969"; for a "who" question, a name that
    follows a description: "the founder of sociology, Auguste Comte"), a final full stop, and quotes
@@ -142,13 +142,17 @@ def _agent(words: list[str], question: _Question) -> list[str]:
 
 
 def _subject(words: list[str], question: _Question) -> list[str]:
-    """For a "who" question, the capitalised name a reply starts with, when a copula follows it and it does not
-    restate the question ("Aristotle was the first genuine scientist in history" -> "Aristotle")."""
+    """For a "who" question, the capitalised name a reply starts with, when "is"/"was" and an article follow it
+    and it does not restate the question ("Aristotle was the first genuine scientist in history" -> "Aristotle").
+    The article tells a description of someone from a sentence that merely starts with a capital ("Scientists are
+    unsure ...", "Nobody is known ...")."""
     if not question.asks_who:
         return words
     name = []
-    for word in words[:5]:
-        if _bare(word) in COPULAS:
+    for at, word in enumerate(words[:5]):
+        if _bare(word) in ("is", "was"):
+            if at + 1 >= len(words) or _bare(words[at + 1]) not in ("a", "an", "the"):
+                return words
             break
         if not word[:1].isupper() and not (name and _bare(word) in _NAME_LINKS) or _bare(word) in _SPAN_STOP:
             return words
@@ -157,7 +161,7 @@ def _subject(words: list[str], question: _Question) -> list[str]:
         return words
     while name and _bare(name[-1]) in _NAME_LINKS:
         name.pop()
-    if not name or len(name) == len(words) or all(question.restates(word) for word in name):
+    if not name or all(question.restates(word) for word in name):
         return words
     return name
 

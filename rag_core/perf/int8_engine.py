@@ -426,7 +426,7 @@ def _auto_engine(dtype_requested: str, dtype: str, device: str) -> str:
     """Decided (the probe runs at most once) and logged once a process."""
     engine, why = decide_engine("auto", dtype_requested, dtype, device, measured_speedup)
     # said where the probe decided; bf16, or a float32 the caller fixed, leaves nothing to report
-    decided = engine == "int8" or (dtype == "float32" and dtype_requested == "auto")
+    decided = engine == "int8" or (device == "cpu" and dtype == "float32" and dtype_requested == "auto")
     log.log(logging.INFO if decided else logging.DEBUG, "encoder engine %s: %s",
             f"int8 ({TARGETS_LABEL})" if engine == "int8" else engine, why)
     return engine

@@ -20,10 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from rag_core.errors import DumpError
-
-log = logging.getLogger("wikirag.dumps")
 from rag_core.storage import StoreUnreachableError
 
+log = logging.getLogger("wikirag.dumps")
 USER_AGENT = "wikirag-dump-mirror/0.1 (https://github.com/wikirag; dump mirror for a retrieval index)"
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -93,7 +92,7 @@ class DumpSiteClient:
                 problem = "gaierror" if isinstance(cause, socket.gaierror) else type(cause).__name__
             if attempt < self.policy.tries:
                 pause = min(wait, self.policy.max_wait_s)
-                log.warning("%s: %s; try %d of %d in %.0f s", url, problem, attempt + 1, self.policy.tries, pause)
+                log.warning("%s: %s; try %d of %d in %.1f s", url, problem, attempt + 1, self.policy.tries, pause)
                 time.sleep(pause)
         if problem == "gaierror":  # the name did not resolve: the network or the URL, not the site's load
             raise DumpSiteUnavailableError(

@@ -239,10 +239,11 @@ def _registered_as(client: Any, model_uri: str) -> str:
             aliases = None
         if aliases is not None:
             versions = sorted({int(v.version) for v in client.search_model_versions(f"name = '{name}'")})
-            named = {v: sorted(a for a, at in aliases.items() if int(at) == v) for v in versions[-5:]}
-            listed = ", ".join(f"{v} ({', '.join(a)})" if a else str(v) for v, a in named.items())
-            plural = "s" * (len(versions) > 1)
-            return f"{name} has version{plural} {listed}: give models:/{name}/VERSION or one of those aliases"
+            if not versions:
+                return f"{name} has no version yet"
+            held = ", ".join(f"@{alias} = v{version}" for alias, version in sorted(aliases.items())) or "none"
+            span = f"v{versions[0]}" if len(versions) == 1 else f"v{versions[0]} to v{versions[-1]}"
+            return f"{name} has {span}, aliases {held}: give models:/{name}/VERSION or one of those aliases"
         names = sorted(m.name for m in client.search_registered_models(max_results=20))
     except MlflowException:
         return "check the name, version or alias"

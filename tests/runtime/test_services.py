@@ -19,6 +19,7 @@ from urllib.error import HTTPError
 import pytest
 
 from tests.helpers.disks import fill, small_disk
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "wikirag-services-secret-7f3a9c"  # distinctive: grepped for after the run
 CREDENTIALS = {  # every secret distinctive, each grepped for in argv, records, logs and files

@@ -115,8 +115,8 @@ def test_a_site_busy_through_every_try_is_a_transport_error(site: DumpSiteServer
         check_site(config(site, tries=3), current=NEW)
     assert len(site.log) == 3
     # each wait is said as it starts, so a slow site is never a silent one
-    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == ["HTTP 503; try 2 of 3 in 0 s",
-                                                                         "HTTP 503; try 3 of 3 in 0 s"]
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == ["HTTP 503; try 2 of 3 in 0.0 s",
+                                                                         "HTTP 503; try 3 of 3 in 0.0 s"]
 
 
 def test_a_host_name_that_does_not_resolve_says_so(caplog: pytest.LogCaptureFixture) -> None:

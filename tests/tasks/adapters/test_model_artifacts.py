@@ -120,6 +120,7 @@ def test_the_untampered_model_answers_through_wikirag_and_through_mlflow_pyfunc(
 
     # MLflow's loader left its registered_model_meta among the model's files (a local artifact store): wikirag
     # does not read it, and still answers, the same
+    assert (model.artifact / "registered_model_meta").is_file()
     code, again, err = _ask(capsys)
     assert code == 0, err
     assert json.loads(again.strip().splitlines()[-1]) == record
@@ -129,7 +130,7 @@ def test_an_alias_or_name_the_registry_lacks_says_what_it_has(model: Registered,
                                                                 capsys: pytest.CaptureFixture) -> None:
     """A first run's model may be challenger only: the line lists the versions and their aliases."""
     _refused(capsys, f"models:/{NAME}@challenger: not found in MLflow at {model.uri} (",
-             f"); {NAME} has version 1 (champion): give models:/{NAME}/VERSION or one of those aliases",
+             f"); {NAME} has v1, aliases @champion = v1: give models:/{NAME}/VERSION or one of those aliases",
              model_uri=f"models:/{NAME}@challenger")
     _refused(capsys, "models:/wikirag-nq@champion: not found in MLflow", f"); registered models: {NAME}",
              model_uri="models:/wikirag-nq@champion")
