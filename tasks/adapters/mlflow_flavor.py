@@ -117,6 +117,9 @@ class RagPredictor:
             questions = [model_input]
         else:
             questions = [str(q) for q in model_input]
+        blank = [i for i, q in enumerate(questions) if not q.strip()]
+        if blank:  # `wikirag ask` refuses them too: an empty question retrieves arbitrary passages
+            raise ModelInputError(f"question {blank[0]} of {len(questions)} is empty; give each question as text")
         asked = (params or {}).get("max_new_tokens", MAX_NEW_TOKENS)
         if not isinstance(asked, numbers.Integral) or isinstance(asked, bool) or not 1 <= asked <= MAX_NEW_TOKENS_CAP:
             raise ModelInputError(f"max_new_tokens {asked!r}: give a whole number from 1 to {MAX_NEW_TOKENS_CAP} "
