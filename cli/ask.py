@@ -80,7 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_store(ask)
     ask.add_argument("--model", metavar="URI", help="a registered model, e.g. models:/wikirag-nq@champion (MLflow at "
                      "MLFLOW_TRACKING_URI, else the workspace's); its index binding unless --index is given")
-    ask.add_argument("--index", metavar="VERSION", help="index version (default: LATEST, or the model's own)")
+    ask.add_argument("--index", "--version", dest="index", metavar="VERSION",
+                     help="index version, as search's --version (default: LATEST, or the model's own)")
     ask.add_argument("--generator", metavar="DIR", help="local generator folder, seq2seq or decoder-only "
                      "(default: the one `wikirag models fetch` installs)")
     config_option(ask, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token marginalisation (default {default})",

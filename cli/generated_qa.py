@@ -41,7 +41,7 @@ def cmd_generated_qa(args: argparse.Namespace, settings: Settings) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generated-qa", help="question-answer pairs made from an index's own passages (rules, then a "
                        "retrieval round trip), deduplicated against dev/test questions, gated and published once")
-    p.add_argument("--index", metavar="VERSION", help="index version (default: LATEST)")
+    p.add_argument("--index", "--version", dest="index", metavar="VERSION", help="index version (default: LATEST)")
     p.add_argument("--dev", action="append", default=[], metavar="FILE", help="dev questions no pair may repeat "
                    "(JSON lines or array with a question field, or CuratedTrec tsv); repeatable")
     p.add_argument("--test", action="append", default=[], metavar="FILE", help="test questions, as --dev")

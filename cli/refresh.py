@@ -65,7 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="only this registered model, e.g. wikirag-nq (default: every wikirag-* champion)")
     config_option(p, "--tolerance", RefreshPolicy, "tolerance", "points (hundredths) of its own dev metric a champion "
                   "may lose on the new index and still be re-bound (default {default} point)")
-    p.add_argument("--index", help="index version to refresh onto (default: the one LATEST names)")
+    p.add_argument("--index", "--version", dest="index", metavar="VERSION",
+                   help="index version to refresh onto (default: the one LATEST names)")
     p.add_argument("--json", action="store_true", help="one JSON object per champion instead of the line")
     add_store(p)
     p.set_defaults(func=cmd_refresh)

@@ -100,7 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     config_option(tune, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token (default {default})")
     tune.add_argument("--generator", metavar="DIR", help="generator folder, seq2seq or decoder-only (default: the "
                       "one `wikirag models fetch` installs)")
-    tune.add_argument("--index", metavar="VERSION", help="index version to train against (default: LATEST)")
+    tune.add_argument("--index", "--version", dest="index", metavar="VERSION",
+                      help="index version to train against (default: LATEST)")
     add_nproc(tune, "DDP processes (torchrun --nproc-per-node; default {default})")
     config_option(tune, "--max-steps", TrainConfig, "max_steps", "optimizer steps (default {default}, the recipe's)")
     config_option(tune, "--batch-size", TrainConfig, "batch_size", "global batch, all processes together "
@@ -135,7 +136,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--task", required=True, choices=kinds, help="the dev file's task kind")
     evaluate.add_argument("--dev", type=data_file, help="dev file (path or URL) in the task's original format "
                           "(cloze: default the held-out questions of the passages the model was trained on)")
-    evaluate.add_argument("--index", help="index version to retrieve from (default: the one the model is bound to)")
+    evaluate.add_argument("--index", "--version", dest="index", metavar="VERSION",
+                          help="index version to retrieve from (default: the one the model is bound to)")
     evaluate.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval")
     add_store(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)

@@ -201,3 +201,12 @@ def test_indexes_show_puts_each_gate_on_one_line_with_what_it_observed() -> None
     assert _gate_lines(gates) == {
         "embeddings": "passed (5 expectations, 4,391 rows)",
         "index-counts": "passed (3 expectations, 4 rows); expect_column_sum_to_be_between(ntotal) = 4391"}
+
+
+@pytest.mark.parametrize("command", [["ask", "q"], ["generated-qa"], ["finetune", "--task", "cloze"],
+                                     ["evaluate", "--model", "models:/m/1", "--task", "cloze"], ["refresh"]])
+def test_every_command_that_reads_an_index_version_takes_search_s_version_flag(command: list[str]) -> None:
+    """`search --version V` and `ask --index V` name the same thing: each takes both spellings."""
+    for flag in ("--version", "--index"):
+        assert build_parser().parse_args([*command, flag, "20261207T000000.000Z-0123abcd"]).index == \
+            "20261207T000000.000Z-0123abcd"
