@@ -55,11 +55,10 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches
 
     questions = read_questions(args.questions, args.question)
-    if args.n_docs < 1:
-        raise WikiragError(f"--n-docs must be 1 to {MAX_N_DOCS}, got {args.n_docs}")
-    if args.n_docs > MAX_N_DOCS:
-        raise WikiragError(f"--n-docs must be 1 to {MAX_N_DOCS}, got {args.n_docs}: RAG-Sequence scores each "
-                           "passage's reply against every passage, so its memory and time grow with the square")
+    if not 1 <= args.n_docs <= MAX_N_DOCS:
+        why = (": RAG-Sequence scores each passage's reply against every passage, so its memory and time grow "
+               "with the square") if args.n_docs > MAX_N_DOCS else ""
+        raise WikiragError(f"--n-docs must be 1 to {MAX_N_DOCS}, got {args.n_docs}{why}")
     if args.model:  # a registered model: its own generator, question encoder and index binding
         from tasks.evaluation import load_registered_model
 

@@ -118,7 +118,7 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
     except StoreError:
         raise
     except PermissionError as exc:
-        raise StoreError(f"{url}: {action} refused by the store ({_reason(exc)}); {_CREDENTIAL_HINT}") from exc
+        raise StoreError(f"{url}: {action} refused by the store ({error_reason(exc)}); {_CREDENTIAL_HINT}") from exc
     except FileNotFoundError:
         raise
     except (NotADirectoryError, IsADirectoryError, FileExistsError) as exc:
@@ -137,12 +137,12 @@ def translate_errors(url: str, action: str) -> Iterator[None]:
                                         f"{_RERUN_HINT}") from exc
         if (status := server_error_status(exc)) is not None:
             hint = _FAILING_HINT if status in (500, 507) else _ENDPOINT_HINT
-            raise StoreUnreachableError(f"{url}: {action} failed: the store answered HTTP {status} ({_reason(exc)}); "
-                                        f"{hint}, {_RERUN_HINT}") from exc
+            raise StoreUnreachableError(f"{url}: {action} failed: the store answered HTTP {status} "
+                                        f"({error_reason(exc)}); {hint}, {_RERUN_HINT}") from exc
         if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
             raise StoreError(f"{url}: the bucket does not exist; create it first") from exc
         if any(code in text for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden")):
-            raise StoreError(f"{url}: {action} refused by the store ({_reason(exc)}); {_CREDENTIAL_HINT}") from exc
+            raise StoreError(f"{url}: {action} refused by the store ({error_reason(exc)}); {_CREDENTIAL_HINT}") from exc
         raise
 
 
@@ -159,7 +159,8 @@ def server_error_status(exc: BaseException) -> int | None:
     return None
 
 
-def _reason(exc: BaseException) -> str:
+def error_reason(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its class name when it has none), at most 160 characters."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:160]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.error import HTTPError
 
 from rag_core.progress import human_bytes
-from rag_core.storage import server_error_status
+from rag_core.storage import error_reason, server_error_status
 from runtime.service_credentials import S3Identity, ServicesError, TlsFiles
 from runtime.service_specs import Health
 
@@ -89,7 +89,7 @@ def write_refused(endpoint: str, who: S3Identity, bucket: str, data_dir: Path) -
         fs.rm(probe)
         return None
     except Exception as exc:  # botocore's connection errors are no OSError
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        reason = error_reason(exc)
         if server_error_status(exc) not in (500, 507):
             return f"refuses writes ({reason}); check its credentials and its log"
         disk = shutil.disk_usage(data_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,7 +106,7 @@ def plot_recall(metrics: dict[str, dict[str, float]], path: Path) -> Path | None
     to questions that retrieve their passage, so its recall is 1 at every k) stay apart by line style."""
     figure = _figure()
     axes = figure.add_subplot()
-    styles = iter([("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("x", "--")] * 4)
+    styles = itertools.cycle([("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("x", "--")])
     drawn = False
     for questions, values in metrics.items():
         curves: dict[str, list[tuple[int, float]]] = {}

@@ -18,10 +18,13 @@ def _gate(values: dict[str, float], **fields) -> QAGate:
                   alias="challenger", reason="kept as challenger", **fields)
 
 
+def _mask(image: np.ndarray, color: str) -> np.ndarray:
+    """Where an RGBA image read back from PNG has ``color`` (one of matplotlib's default cycle)."""
+    return np.abs(image[..., :3] - np.array(colors.to_rgb(color))).max(axis=-1) < 0.02
+
+
 def _area(image: np.ndarray, color: str) -> int:
-    """Pixels of ``color`` (one of matplotlib's default cycle) in an RGBA image read back from PNG."""
-    rgb = np.array(colors.to_rgb(color))
-    return int((np.abs(image[..., :3] - rgb).max(axis=-1) < 0.02).sum())
+    return int(_mask(image, color).sum())
 
 
 def test_the_gate_plot_draws_each_model_as_tall_as_its_scores(tmp_path: Path) -> None:
@@ -44,8 +47,7 @@ def test_the_gate_plot_is_left_out_when_no_question_was_scored(tmp_path: Path) -
 
 def _rows(image: np.ndarray, color: str) -> np.ndarray:
     """The image rows (0 at the top) holding pixels of ``color``."""
-    rgb = np.array(colors.to_rgb(color))
-    return np.nonzero((np.abs(image[..., :3] - rgb).max(axis=-1) < 0.02).any(axis=1))[0]
+    return np.nonzero(_mask(image, color).any(axis=1))[0]
 
 
 def test_the_recall_plot_shows_the_real_questions_below_a_generated_set_at_one(tmp_path: Path) -> None:
