@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
+import math
 import os
 import posixpath
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +27,8 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from rag_core.errors import StoreError
+
+log = logging.getLogger("wikirag.store")
 
 
 class DamagedFileError(StoreError, ValueError):
@@ -165,6 +170,52 @@ def error_reason(exc: BaseException) -> str:
     return text[:160]
 
 
+def retry_window_s(retries: int) -> float:
+    """The longest botocore's "standard" mode sleeps between the ``retries`` retries of one request: its backoff's
+    worst case, ``min(2 ** i, 20)`` seconds before retry ``i + 1``."""
+    return float(sum(min(2 ** i, 20) for i in range(retries)))
+
+
+# botocore's "standard" mode retries these answers, besides connection errors; other answers are final
+_RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class RetryNotice:
+    """botocore's ``needs-retry`` hook on an S3 store's session: a warning for a failed try that botocore will try
+    again, at most one each ``every_s`` seconds. Without it a store that does not answer is silent for the whole
+    retry window (tens of seconds) before its one-line error. It never returns a delay: botocore's own handler
+    decides whether and when to retry."""
+
+    def __init__(self, tries: int | None, every_s: float = 10.0) -> None:
+        self.tries, self.every_s, self.last = tries, every_s, -math.inf
+
+    def __call__(self, attempts: int = 0, caught_exception: BaseException | None = None, response: Any = None,
+                 endpoint: Any = None, **_: Any) -> None:
+        status = getattr(response[0], "status_code", None) if response else None
+        if caught_exception is None and status not in _RETRIED_STATUS:
+            return None  # an answer: success, or a refusal no retry changes
+        if self.tries is not None and attempts >= self.tries:
+            return None  # the last try: the StoreError line that follows says the rest
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            return None
+        self.last = now
+        problem = type(caught_exception).__name__ if caught_exception is not None else f"HTTP {status}"
+        left = "" if self.tries is None else (f" of {self.tries}; retrying for up to "
+                                              f"{retry_window_s(self.tries - 1):.0f} s in all")
+        log.warning("S3 store at %s: %s on try %d%s before giving up", getattr(endpoint, "host", "?"), problem,
+                    attempts, left or "; retrying")
+        return None
+
+
+def _tries(options: Mapping[str, Any]) -> int | None:
+    """Tries per request that ``options`` give botocore (None: botocore's default, which depends on its mode)."""
+    retries = (options.get("config_kwargs") or {}).get("retries") or {}
+    if "total_max_attempts" in retries:
+        return int(retries["total_max_attempts"])
+    return int(retries["max_attempts"]) + 1 if "max_attempts" in retries else None
+
+
 @dataclass(frozen=True)
 class Store:
     """A base URL plus the fsspec options needed to reach it.
@@ -195,6 +246,14 @@ class Store:
             # option) around botocore's retries: with botocore's retries set explicitly, s3fs gets one more try
             # only (a body read cut short, which botocore does not retry), so that the two loops do not multiply.
             fs.retries = min(fs.retries, S3FS_TRIES)
+        if getattr(fs, "session", False) is None and getattr(fs, "_s3", False) is None:
+            # s3fs makes its client from this session on first use (an instance shared by equal options gets one
+            # hook): the session's handlers are copied into the client
+            import aiobotocore.session
+
+            session = aiobotocore.session.AioSession(**getattr(fs, "kwargs", {}))
+            session.register("needs-retry.s3", RetryNotice(_tries(self.options)))
+            fs.session = session
         return fs, root.rstrip("/")
 
     @property

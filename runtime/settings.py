@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag_core.errors import StoreError
 from rag_core.leases import DEFAULT_TTL_S
-from rag_core.storage import Store
+from rag_core.storage import Store, retry_window_s as storage_retry_window_s
 
 # Telemetry off everywhere, and no hub: set before prefect, mlflow or
 # transformers are imported, and inherited by Dask workers and subprocesses.
@@ -71,7 +71,7 @@ def s3_config(retries: int = STORE_RETRIES) -> dict[str, Any]:
 
 def retry_window_s(retries: int = STORE_RETRIES) -> float:
     """The longest botocore sleeps between the attempts of one request: the backoff's worst case."""
-    return float(sum(min(2 ** i, 20) for i in range(retries)))
+    return storage_retry_window_s(retries)
 
 
 def is_s3(url: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from rag_core.errors import StoreError
 from rag_core.storage import Store, StorePathError, StoreUnreachableError, join_url, relative_path, translate_errors
+from runtime.settings import s3_config
 from tests.conftest import S3Server
 
 
@@ -61,6 +63,25 @@ def test_unreachable_store(tmp_path: Path) -> None:
                "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}
     with pytest.raises(StoreError, match="unreachable.*AWS_ENDPOINT_URL"):
         Store("s3://bucket/prefix", options).check_writable()
+
+
+def test_a_store_that_does_not_answer_is_reported_while_botocore_retries(s3_server: S3Server,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A refused connection is a warning at its first failed try, not tens of seconds of silence before the error;
+    the tries within the next 10 s add no line, and an answer that is final (a missing key) adds none."""
+    dead = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9", "config_kwargs": s3_config(2)}
+    with caplog.at_level(logging.WARNING, logger="wikirag.store"), pytest.raises(StoreUnreachableError):
+        Store("s3://bucket/notice", dead).read_bytes("a")
+    assert [r.getMessage() for r in caplog.records if r.name == "wikirag.store"] == [
+        "S3 store at http://127.0.0.1:9: EndpointConnectionError on try 1 of 3; retrying for up to 3 s in all before "
+        "giving up"]
+    caplog.clear()
+    live = Store(f"s3://{s3_server.bucket}/notice", {**s3_server.options(), "config_kwargs": s3_config(2)})
+    with caplog.at_level(logging.WARNING, logger="wikirag.store"), pytest.raises(FileNotFoundError):
+        live.read_bytes("missing")
+    live.write_bytes(b"1", "present")
+    assert live.read_bytes("present") == b"1"
+    assert [r for r in caplog.records if r.name == "wikirag.store"] == []
 
 
 def test_a_server_error_through_the_retries_is_an_unreachable_store() -> None:
