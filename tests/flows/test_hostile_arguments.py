@@ -7,6 +7,7 @@ none may start a flow, change the store or print a traceback.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -86,13 +87,15 @@ def test_an_odd_argument_is_one_line_and_exit_2(case: str, fill: dict[str, str],
 def test_k_at_the_cap_and_a_100_kb_question_still_answer_within_bounds(fill: dict[str, str], home: Path,
                                                                         capsys: pytest.CaptureFixture) -> None:
     """Not errors: a k up to MAX_K is further held to the passages there are (no padding rows), a question is held
-    to the encoder's max_length."""
+    to the encoder's max_length, with a warning that says so."""
     question = "Who was Achilles? " * 5600  # ~100 KB
     assert len(question.encode()) > 100_000
     assert main(["search", question, "-k", str(MAX_K), "--json", "--store", fill["store"]]) == 0
-    [line] = capsys.readouterr().out.splitlines()
+    out, err = capsys.readouterr()
+    [line] = out.splitlines()
     hits = json.loads(line)["results"]
     assert len(hits) == 30  # every passage of the index, once
+    assert "question 1 of 1 is " in err and re.search(r"the question encoder reads its first \d+, so the rest", err)
     assert len({h["passage_id"] for h in hits}) == 30
 
 

@@ -90,6 +90,23 @@ def test_question_encoder_equals_encode_questions(which: str, tmp_path: Path) ->
             torch.testing.assert_close(again(questions), torch.from_numpy(ours))
 
 
+def test_a_question_longer_than_the_tower_reads_is_a_warning_once(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    config = EncoderConfig(path=str(save_tiny_bert(tmp_path / "tiny")), dtype="float32", max_length=16)
+    tower = QuestionEncoder.from_encoder_config(config).eval()
+    words = " ".join(["rome"] * 40) + " ?"  # 41 word tokens, plus [CLS] and [SEP]
+    with caplog.at_level(logging.WARNING, logger="wikirag"), torch.no_grad():
+        tower(["who founded rome?" + " " * 30])  # long in characters only: read whole, no warning
+        assert not caplog.records
+        cut = tower(["who founded rome?", words])
+        tower([words])
+    assert [r.getMessage() for r in caplog.records] == [
+        "question 2 of 2 is 43 tokens; the question encoder reads its first 16, so the rest does not steer "
+        "retrieval (said once)"]
+    with torch.no_grad():  # what it read: the first 16 tokens
+        torch.testing.assert_close(cut[1], tower([" ".join(["rome"] * 14)])[0])
+
+
 # ----------------------------------------------------------------------------- retrieval step
 
 
