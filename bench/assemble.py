@@ -34,6 +34,7 @@ TITLES = {
     "rag_bench": "RAG training step and generation",
     "answer_quality": "Answer quality",
     "reader_alternatives": "Retriever and reader alternatives",
+    "weak_match": "The weak-match threshold of ask",
     "answer_speed": "Answer speed",
     "train_bench": "Fine-tuning",
     "rank_memory_bench": "Memory of a training rank",

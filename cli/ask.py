@@ -38,15 +38,22 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
     return untrained_model(settings.open_store(), index, str(path), kind=kind, n_docs=n_docs, dtype=dtype)
 
 
-def print_answers(results: list[dict], *, as_json: bool) -> None:
-    """Flushed per answer: a reader of a pipe sees each one while later questions are answered."""
+def print_answers(results: list[dict], *, as_json: bool, model: Any = None) -> None:
+    """Flushed per answer: a reader of a pipe sees each one while later questions are answered. Text output says
+    when the closest passage is a weak match for the model's encoder (rag_core.model.answers.weak_match)."""
+    from rag_core.model.answers import weak_match
+
     for item in results:
         if as_json:
             print(json.dumps(item, ensure_ascii=False), flush=True)
             continue
         print(f"Q: {item['question']}\nA: {item['answer']}")
+        if (threshold := weak_match(model, item)) is not None:
+            best = max(hit["similarity"] for hit in item["provenance"])
+            print(f"   (weak match: the closest passage's similarity is {best:.2f}, under {threshold:.2f}: the "
+                  "index likely does not hold this answer)")
         for hit in item["provenance"]:
-            print(f"   [{hit['score']:.3f}] {hit['title']} ({hit['passage_id']})")
+            print(f"   [p {hit['score']:.2f}, similarity {hit['similarity']:.2f}] {hit['title']} ({hit['passage_id']})")
         print(flush=True)
 
 
@@ -85,7 +92,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
         model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
                            dtype=args.dtype)
     for batch in batches(itertools.chain([first], questions), QUESTIONS_PER_BATCH):  # read as answers print
-        print_answers(answer(model, batch, closed_book=args.closed_book), as_json=args.json)
+        print_answers(answer(model, batch, closed_book=args.closed_book), as_json=args.json, model=model)
     if refused:
         raise WikiragError(refused[0])
     return 0
@@ -113,5 +120,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      "but some answers change)")
     ask.add_argument("--closed-book", action="store_true", help="the generator alone, no retrieval (the baseline)")
     ask.add_argument("--json", action="store_true", help="one JSON line per question, in input order: "
-                     '{"question", "answer", "provenance": [{"passage_id", "title", "score"}, ...]}')
+                     '{"question", "answer", "provenance": [{"passage_id", "title", "score", "similarity"}, ...]}')
     ask.set_defaults(func=cmd_ask)

@@ -247,7 +247,8 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
     for item in answers:
         lines.append(f"- **{item['question']}** → {item['answer']!r}")
         for p in item["provenance"][:3]:
-            lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f})")
+            similarity = f", similarity {p['similarity']:.2f}" if "similarity" in p else ""
+            lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f}{similarity})")
     lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
     lines += [f"- plot: `{p}`" for p in plots]
     return "\n".join(lines) + "\n"

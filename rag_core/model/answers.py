@@ -2,10 +2,16 @@
 
 One record per question, in input order::
 
-    {"question": ..., "answer": ..., "provenance": [{"passage_id", "title", "score"}, ...]}
+    {"question": ..., "answer": ..., "provenance": [{"passage_id", "title", "score", "similarity"}, ...]}
 
 ``score`` is p(z|x), the softmax of the model's doc_scores, and provenance is
 in the model's own order of it (highest first); closed-book answers have none.
+``similarity`` is the doc score itself, question vector . passage vector (a
+cosine for a normalising encoder such as the default MiniLM). Over a model's
+few passages p(z|x) stays near uniform (about 0.5 / 0.5 for two), so it says
+little about whether the index holds an answer at all; the similarity does
+(bench/weak_match.py): :func:`weak_match` compares the top one with the
+threshold measured for the encoder, where there is one.
 """
 
 from __future__ import annotations
@@ -30,13 +36,30 @@ def too_long(which: str, question: str) -> str | None:
             f"{MAX_QUESTION_CHARS:,}: ask the question itself, without the text it is about")
 
 
+# Below this top-passage similarity, a question is one the index likely does not answer (per encoder name: a
+# cosine's spread depends on the model). Picked on dev by bench/weak_match.py, which reports test beside it.
+WEAK_MATCH = {"all-MiniLM-L6-v2": 0.50}
+
+
 def provenance(batch: Any, row: int) -> list[dict[str, Any]]:
-    """Question ``row``'s passages as ``{passage_id, title, score=p(z|x)}``, most probable first."""
+    """Question ``row``'s passages as ``{passage_id, title, score=p(z|x), similarity}``, most probable first."""
     if not batch.passage_ids[row]:
         return []
-    weights = torch.softmax(batch.doc_scores[row].detach().float(), dim=0)  # p(z|x) [n_docs]
-    return [{"passage_id": batch.passage_ids[row][z], "title": batch.titles[row][z], "score": round(float(weights[z]), 4)}
+    scores = batch.doc_scores[row].detach().float()  # [n_docs]
+    weights = torch.softmax(scores, dim=0)  # p(z|x)
+    return [{"passage_id": batch.passage_ids[row][z], "title": batch.titles[row][z],
+             "score": round(float(weights[z]), 4), "similarity": round(float(scores[z]), 4)}
             for z in weights.argsort(descending=True, stable=True).tolist()]
+
+
+def weak_match(model: Any, record: dict[str, Any]) -> float | None:
+    """The threshold that ``record``'s top similarity falls below, when the model's encoder has one measured and
+    it does (the index likely holds no answer: the reply is the generator's guess); else None."""
+    encoder = getattr(getattr(model, "question_encoder", None), "base_fingerprint", {}).get("name")
+    threshold = WEAK_MATCH.get(encoder)
+    if threshold is None or not record["provenance"]:
+        return None
+    return threshold if max(hit["similarity"] for hit in record["provenance"]) < threshold else None
 
 
 def answer(model: Any, questions: Sequence[str], *, n_docs: int | None = None, closed_book: bool = False,

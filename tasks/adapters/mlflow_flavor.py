@@ -107,7 +107,8 @@ class RagPredictor:
 
     def predict(self, model_input, params=None):  # no type hints: MLflow would read them as a schema
         """Questions (a list of strings, or a DataFrame with a ``question`` column) -> one record each:
-        ``{"question", "answer", "provenance": [{"passage_id", "title", "score"}, ...]}`` (rag_core.model.answers)."""
+        ``{"question", "answer", "provenance": [{"passage_id", "title", "score", "similarity"}, ...]}``
+        (rag_core.model.answers)."""
         from rag_core.model.answers import answer, too_long
 
         if hasattr(model_input, "columns"):  # a DataFrame (what `mlflow models serve` hands over)

@@ -7,6 +7,7 @@ fixture fetches and converts once per run for every test that reads its answers.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -55,10 +56,31 @@ def test_ask_json_follows_the_schema_in_input_order(indexed_home: tuple[Path, st
         assert set(item) == {"question", "answer", "provenance"} and isinstance(item["answer"], str)
         scores = [hit["score"] for hit in item["provenance"]]
         assert len(scores) == 3 and scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-3
-        assert all(set(hit) == {"passage_id", "title", "score"} for hit in item["provenance"])
+        assert all(set(hit) == {"passage_id", "title", "score", "similarity"} for hit in item["provenance"])
+        similarities = [hit["similarity"] for hit in item["provenance"]]  # p(z|x) is their softmax
+        assert similarities == sorted(similarities, reverse=True)
     assert main(["ask", QUESTIONS[0], "--generator", str(llama), "--closed-book", "--json"]) == 0
     closed = json.loads(capsys.readouterr().out)
     assert closed["question"] == QUESTIONS[0] and closed["provenance"] == []
+
+
+def test_a_question_far_from_every_passage_is_called_a_weak_match(home: Path, sample_passages: pa.Table,
+                                                                    tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """With the default MiniLM, whose threshold bench/weak_match.py measured: an off-topic question's closest passage
+    is under it and the text output says so; a question the passages answer is not called weak."""
+    encoder = Encoder.load(EncoderConfig(dtype="float32"))
+    titles = sample_passages.column("title").to_pylist()
+    rows = [i for i, title in enumerate(titles) if title == "Alabama"][:10] + [titles.index("Albedo")]
+    version = publish_small_index(Store(str(home / "store")), "d1", sample_passages.take(rows), encoder, shards=1)
+    llama = save_tiny_llama(tmp_path / "llama")
+    off, on = "How do I bake sourdough bread at home?", "What is the capital of Alabama?"
+    assert main(["ask", off, on, "--generator", str(llama), "--index", version]) == 0
+    off_text, on_text = capsys.readouterr().out.split("Q: ")[1:]
+    best = float(re.search(r"similarity is (0\.\d\d), under 0\.50: the index likely does not hold", off_text)[1])
+    listed = [float(x) for x in re.findall(r"\[p \d\.\d\d, similarity (-?\d\.\d\d)\]", off_text)]
+    assert best == max(listed) < 0.50
+    assert "weak match" not in on_text and max(float(x) for x in re.findall(r"similarity (\d\.\d\d)\]", on_text)) >= 0.5
 
 
 def test_ask_without_a_fetched_generator_says_how_to_get_one(indexed_home: tuple[Path, str],
