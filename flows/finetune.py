@@ -59,6 +59,7 @@ class FinetuneOutcome(BaseModel):
     run_id: str
     index_version: str
     dev: str | None = None  # the dev file evaluated
+    dev_examples: int | None = None  # how many of its examples (None: an outcome recorded before this field)
     metric: str
     zero_shot: float
     fine_tuned: float
@@ -140,7 +141,7 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
                  "margin; `wikirag finetune --force` trains again)",
                  request.task, request.task, done["model_version"], done["alias"])
         return FinetuneOutcome(task=request.task, index_version=index_version, examples_per_s=None, dev=dev_url,
-                               **done)
+                               dev_examples=len(dev_examples), **done)
     run_id = start_run(tracking_uri, config, train_url, dev_url)
     model_dir = scratch_dir("wikirag-trained-")
     try:
@@ -170,7 +171,8 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
                     "sign test needs %d answers changed the same way); give a larger --dev or --eval-examples "
                     "before trusting the alias", request.task, len(dev_examples), FEW_DEV_EXAMPLES,
                     FEW_DEV_EXAMPLES)
-    return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, dev=dev_url, metric=metric,
+    return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, dev=dev_url,
+                           dev_examples=len(dev_examples), metric=metric,
                            zero_shot=before, fine_tuned=value, model_version=promotion.version, alias=promotion.alias,
                            reason=promotion.reason, steps=result.final_step, examples_per_s=result.examples_per_s)
 

@@ -28,7 +28,8 @@ def plot_metrics(outcomes: Sequence[Any], path: Path) -> Path:
     """Each task's headline dev metric, zero-shot start beside fine-tuned."""
     figure = _figure()
     axes = figure.add_subplot()
-    names = [f"{o.task}\n({o.metric})" for o in outcomes]
+    names = [f"{o.task}\n({o.metric}" + ("" if o.dev_examples is None else f", {o.dev_examples} dev") + ")"
+             for o in outcomes]
     positions = range(len(outcomes))
     axes.bar([p - 0.2 for p in positions], [o.zero_shot for o in outcomes], 0.4, label="zero-shot start")
     axes.bar([p + 0.2 for p in positions], [o.fine_tuned for o in outcomes], 0.4, label="fine-tuned")
@@ -220,10 +221,12 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
     QAGate) and the demo ``answers`` (``answered_by``: the champion, or "zero-shot")."""
     lines = ["# wikirag: the main job", "", f"Index **{version}**: {passages:,} passages, now LATEST.", "",
              "## Fine-tuning (each task's own dev questions)", "",
-             "| task | dev metric | zero-shot | fine-tuned | model | alias | steps |", "|---|---|---|---|---|---|---|"]
+             "| task | dev metric | zero-shot | fine-tuned | model | alias | steps | dev examples |",
+             "|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
+        n = "?" if o.dev_examples is None else o.dev_examples
         lines.append(f"| {o.task} | {o.metric} | {o.zero_shot:.3f} | {o.fine_tuned:.3f} | wikirag-{o.task} "
-                     f"v{o.model_version} | {o.alias} | {o.steps} |")
+                     f"v{o.model_version} | {o.alias} | {o.steps} | {n} |")
     counts = ", ".join(f"{source} {sum(c.values())}" for source, c in questions.counts.items()) or "none"
     dev = sum(c.get("dev", 0) for c in questions.counts.values())
     scored = ", ".join(f"{source} {n}" for source, n in gate.sources.items())
