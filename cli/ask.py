@@ -50,7 +50,7 @@ def print_answers(results: list[dict], *, as_json: bool, model: Any = None) -> N
         print(f"Q: {item['question']}\nA: {item['answer']}")
         if (threshold := weak_match(model, item)) is not None:
             best = max(hit["similarity"] for hit in item["provenance"])
-            print(f"   (weak match: the closest passage's similarity is {best:.2f}, under {threshold:.2f}: the "
+            print(f"   (weak match: the closest passage's similarity is {best:.3f}, under {threshold:.2f}: the "
                   "index likely does not hold this answer)")
         for hit in item["provenance"]:
             print(f"   [p {hit['score']:.2f}, similarity {hit['similarity']:.2f}] {hit['title']} ({hit['passage_id']})")
@@ -92,7 +92,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
         model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
                            dtype=args.dtype)
     for batch in batches(itertools.chain([first], questions), QUESTIONS_PER_BATCH):  # read as answers print
-        print_answers(answer(model, batch, closed_book=args.closed_book), as_json=args.json, model=model)
+        # the weak-match threshold was measured on the index's own encoder; a registered model's tower is trained
+        print_answers(answer(model, batch, closed_book=args.closed_book), as_json=args.json,
+                      model=None if args.model else model)
     if refused:
         raise WikiragError(refused[0])
     return 0

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -176,44 +177,71 @@ def retry_window_s(retries: int) -> float:
     return float(sum(min(2 ** i, 20) for i in range(retries)))
 
 
-# botocore's "standard" mode retries these answers, besides connection errors; other answers are final
-_RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
-
-
 class RetryNotice:
-    """botocore's ``needs-retry`` hook on an S3 store's session: a warning for a failed try that botocore will try
-    again, at most one each ``every_s`` seconds. Without it a store that does not answer is silent for the whole
-    retry window (tens of seconds) before its one-line error. It never returns a delay: botocore's own handler
-    decides whether and when to retry."""
+    """botocore's ``needs-retry`` hook on an S3 store's client: a warning for a failed try that botocore's "standard"
+    mode will try again, at most one each ``every_s`` seconds. Without it a store that does not answer is silent
+    for the whole retry window (tens of seconds) before its one-line error. It never returns a delay: botocore's
+    own handler decides whether and when to retry. ``tries``: per request, None when not known."""
 
     def __init__(self, tries: int | None, every_s: float = 10.0) -> None:
+        from botocore.retries.standard import ThrottledRetryableChecker, TransientRetryableChecker
+
         self.tries, self.every_s, self.last = tries, every_s, -math.inf
+        # botocore's own tables of what standard mode retries besides connection errors, so they cannot drift
+        self.statuses = frozenset(getattr(TransientRetryableChecker, "_TRANSIENT_STATUS_CODES", (500, 502, 503, 504)))
+        self.codes = frozenset(getattr(TransientRetryableChecker, "_TRANSIENT_ERROR_CODES", ())) | frozenset(
+            getattr(ThrottledRetryableChecker, "_THROTTLED_ERROR_CODES", ()))
 
     def __call__(self, attempts: int = 0, caught_exception: BaseException | None = None, response: Any = None,
                  endpoint: Any = None, **_: Any) -> None:
-        status = getattr(response[0], "status_code", None) if response else None
-        if caught_exception is None and status not in _RETRIED_STATUS:
-            return None  # an answer: success, or a refusal no retry changes
+        if caught_exception is not None:
+            problem = type(caught_exception).__name__
+        else:
+            status = getattr(response[0], "status_code", None) if response else None
+            code = ((response[1] if response else None) or {}).get("Error", {}).get("Code")
+            if status not in self.statuses and code not in self.codes:
+                return None  # an answer: success, or a refusal no retry changes
+            problem = f"HTTP {status}" + (f" ({code})" if code else "")
         if self.tries is not None and attempts >= self.tries:
             return None  # the last try: the StoreError line that follows says the rest
         now = time.monotonic()
         if now - self.last < self.every_s:
             return None
         self.last = now
-        problem = type(caught_exception).__name__ if caught_exception is not None else f"HTTP {status}"
-        left = "" if self.tries is None else (f" of {self.tries}; retrying for up to "
-                                              f"{retry_window_s(self.tries - 1):.0f} s in all")
-        log.warning("S3 store at %s: %s on try %d%s before giving up", getattr(endpoint, "host", "?"), problem,
-                    attempts, left or "; retrying")
+        where = urlsplit(getattr(endpoint, "host", "") or "")  # host and port only: a URL may hold user:password
+        left = ("" if self.tries is None else
+                f" of {self.tries}; retrying, with up to {retry_window_s(self.tries - 1):.0f} s of backoff,")
+        log.warning("S3 store at %s: %s on try %d%s before giving up", where.netloc.rpartition("@")[2] or "?",
+                    problem, attempts, left or "; retrying")
         return None
 
 
 def _tries(options: Mapping[str, Any]) -> int | None:
-    """Tries per request that ``options`` give botocore (None: botocore's default, which depends on its mode)."""
+    """Tries per request that ``options`` give botocore's "standard" mode (None: another mode, or its default)."""
     retries = (options.get("config_kwargs") or {}).get("retries") or {}
+    if retries.get("mode") != "standard":
+        return None
     if "total_max_attempts" in retries:
         return int(retries["total_max_attempts"])
     return int(retries["max_attempts"]) + 1 if "max_attempts" in retries else None
+
+
+def watch_retries(fs: fsspec.AbstractFileSystem, options: Mapping[str, Any]) -> None:
+    """Give an s3fs filesystem a :class:`RetryNotice` (other filesystems are left as they are), once: on its client
+    when it has one, else on the session it will make its client from, which it then keeps when it refreshes."""
+    if not hasattr(fs, "_s3") or getattr(fs, "_wikirag_retry_notice", False):
+        return
+    notice = RetryNotice(_tries(options))
+    if fs._s3 is not None:  # opened already, by whoever shares this cached instance
+        fs._s3.meta.events.register("needs-retry.s3", notice)
+    else:
+        if fs.session is None:
+            import aiobotocore.session
+
+            fs.session = aiobotocore.session.AioSession(**getattr(fs, "kwargs", {}))
+            fs._session_is_owned = False  # s3fs would otherwise make a fresh session, without the hook, on refresh
+        fs.session.register("needs-retry.s3", notice)
+    fs._wikirag_retry_notice = True
 
 
 @dataclass(frozen=True)
@@ -246,14 +274,7 @@ class Store:
             # option) around botocore's retries: with botocore's retries set explicitly, s3fs gets one more try
             # only (a body read cut short, which botocore does not retry), so that the two loops do not multiply.
             fs.retries = min(fs.retries, S3FS_TRIES)
-        if getattr(fs, "session", False) is None and getattr(fs, "_s3", False) is None:
-            # s3fs makes its client from this session on first use (an instance shared by equal options gets one
-            # hook): the session's handlers are copied into the client
-            import aiobotocore.session
-
-            session = aiobotocore.session.AioSession(**getattr(fs, "kwargs", {}))
-            session.register("needs-retry.s3", RetryNotice(_tries(self.options)))
-            fs.session = session
+        watch_retries(fs, self.options)
         return fs, root.rstrip("/")
 
     @property

@@ -84,19 +84,20 @@ MUST_MATCH = ("kind", "weights_sha256", "question_weights_sha256", "dim", "pooli
 NOT_IN_FINGERPRINT_ID = ("name", "question_weights_sha256", "dtype", "engine")
 
 
-
 def warn_truncated(tokenizer: Any, questions: Sequence[str], max_length: int) -> bool:
     """Warn, and say so, when one of ``questions`` is longer than the ``max_length`` tokens an encoder reads: the
-    rest of it cannot steer retrieval. A token covers a character or more, so only a question longer than
-    ``max_length`` characters is tokenized to count."""
-    for number, question in enumerate(questions, 1):
-        if len(question) + 2 > max_length:  # + [CLS] and [SEP]
-            count = len(tokenizer(question, truncation=False)["input_ids"])
+    rest of it cannot steer retrieval. The question is named by its start (callers pass batches, often of one).
+    A token covers a byte or more of UTF-8, so only a question longer than that is tokenized to count."""
+    for question in questions:
+        if len(question.encode()) + 2 > max_length:  # + [CLS] and [SEP], or a BPE model's specials
+            # verbose=False: transformers' own length warning would predict "indexing errors" that never come
+            count = len(tokenizer(question, truncation=False, verbose=False)["input_ids"])
             if count > max_length:
-                log.warning("question %d of %d is %s tokens; the question encoder reads its first %d, so the rest "
-                            "does not steer retrieval (said once)", number, len(questions), f"{count:,}", max_length)
+                log.warning("the question %r... is %s tokens; the question encoder reads its first %d, so the rest "
+                            "does not steer retrieval (said once)", question[:40], f"{count:,}", max_length)
                 return True
     return False
+
 
 class EncoderError(WikiragError):
     """The encoder directory cannot be loaded, or does not match the index."""

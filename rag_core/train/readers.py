@@ -16,7 +16,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from rag_core.storage import translate_errors
+from rag_core.storage import translate_errors, watch_retries
 from rag_core.train.examples import TaskDataError
 
 _DECODER = json.JSONDecoder()
@@ -42,6 +42,7 @@ def read_text(url: str, options: Mapping[str, Any] | None = None) -> str:
     with translate_errors(url, "reading"):
         try:
             fs, path = url_to_fs(url, **dict(options or {}))
+            watch_retries(fs, options or {})
             data = fs.cat_file(path)
         except (FileNotFoundError, IsADirectoryError) as exc:
             raise TaskDataError(f"{url}: no such file; check the path or URL") from exc

@@ -20,7 +20,7 @@ from xml.etree.ElementTree import ParseError, XMLPullParser
 from fsspec.core import url_to_fs
 
 from rag_core.errors import DumpError
-from rag_core.storage import StoreUnreachableError, translate_errors
+from rag_core.storage import StoreUnreachableError, translate_errors, watch_retries
 
 CHUNK_BYTES = 1 << 20
 EXPORT_NS_PREFIX = "http://www.mediawiki.org/xml/export-"
@@ -106,7 +106,9 @@ class DumpSource:
             client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT_S,
                                                                sock_read=self.read_timeout_s))
             options["client_kwargs"] = client
-        return url_to_fs(self.url, **options)
+        fs, path = url_to_fs(self.url, **options)
+        watch_retries(fs, options)
+        return fs, path
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:

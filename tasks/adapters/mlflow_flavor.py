@@ -120,9 +120,9 @@ class RagPredictor:
             questions = [str(q) for q in model_input]
         blank = [i for i, q in enumerate(questions) if not q.strip()]
         if blank:  # `wikirag ask` refuses them too: an empty question retrieves arbitrary passages
-            raise ModelInputError(f"question {blank[0]} of {len(questions)} is empty; give each question as text")
+            raise ModelInputError(f"question {blank[0] + 1} of {len(questions)} is empty; give each question as text")
         refusal = next((refusal for i, q in enumerate(questions)
-                        if (refusal := too_long(f"question {i} of {len(questions)}", q))), None)
+                        if (refusal := too_long(f"question {i + 1} of {len(questions)}", q))), None)
         if refusal:
             raise ModelInputError(refusal)
         asked = (params or {}).get("max_new_tokens", MAX_NEW_TOKENS)

@@ -77,9 +77,9 @@ def test_a_question_far_from_every_passage_is_called_a_weak_match(home: Path, sa
     off, on = "How do I bake sourdough bread at home?", "What is the capital of Alabama?"
     assert main(["ask", off, on, "--generator", str(llama), "--index", version]) == 0
     off_text, on_text = capsys.readouterr().out.split("Q: ")[1:]
-    best = float(re.search(r"similarity is (0\.\d\d), under 0\.50: the index likely does not hold", off_text)[1])
+    best = float(re.search(r"similarity is (0\.\d\d\d), under 0\.50: the index likely does not hold", off_text)[1])
     listed = [float(x) for x in re.findall(r"\[p \d\.\d\d, similarity (-?\d\.\d\d)\]", off_text)]
-    assert best == max(listed) < 0.50
+    assert abs(best - max(listed)) <= 0.005 and best < 0.50
     assert "weak match" not in on_text and max(float(x) for x in re.findall(r"similarity (\d\.\d\d)\]", on_text)) >= 0.5
 
 

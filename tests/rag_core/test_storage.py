@@ -73,7 +73,7 @@ def test_a_store_that_does_not_answer_is_reported_while_botocore_retries(s3_serv
     with caplog.at_level(logging.WARNING, logger="wikirag.store"), pytest.raises(StoreUnreachableError):
         Store("s3://bucket/notice", dead).read_bytes("a")
     assert [r.getMessage() for r in caplog.records if r.name == "wikirag.store"] == [
-        "S3 store at http://127.0.0.1:9: EndpointConnectionError on try 1 of 3; retrying for up to 3 s in all before "
+        "S3 store at 127.0.0.1:9: EndpointConnectionError on try 1 of 3; retrying, with up to 3 s of backoff, before "
         "giving up"]
     caplog.clear()
     live = Store(f"s3://{s3_server.bucket}/notice", {**s3_server.options(), "config_kwargs": s3_config(2)})
@@ -82,6 +82,20 @@ def test_a_store_that_does_not_answer_is_reported_while_botocore_retries(s3_serv
     live.write_bytes(b"1", "present")
     assert live.read_bytes("present") == b"1"
     assert [r for r in caplog.records if r.name == "wikirag.store"] == []
+    assert live.fs._wikirag_retry_notice  # the quiet above is the hook's, not a store without one
+
+
+def test_task_files_read_from_s3_get_the_retry_notice_too(caplog: pytest.LogCaptureFixture) -> None:
+    """A task file read straight through fsspec (rag_core.train.readers), not a Store: the same warning."""
+    from rag_core.errors import StoreError
+    from rag_core.train.readers import read_text
+
+    dead = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9", "config_kwargs": s3_config(1)}
+    with caplog.at_level(logging.WARNING, logger="wikirag.store"), pytest.raises(StoreError):
+        read_text("s3://bucket/train.jsonl", dead)
+    assert [r.getMessage() for r in caplog.records if r.name == "wikirag.store"] == [
+        "S3 store at 127.0.0.1:9: EndpointConnectionError on try 1 of 2; retrying, with up to 1 s of backoff, before "
+        "giving up"]
 
 
 def test_a_server_error_through_the_retries_is_an_unreachable_store() -> None:

@@ -24,7 +24,6 @@ from rag_core.index.encoders import Encoder, EncoderConfig, EncoderError, check_
 from rag_core.model.question_encoder import QuestionEncoder
 from rag_core.model.rag_model import (
     GeneratorConfig,
-    RagConfig,
     RagModel,
     RagModelError,
     context_strings,
@@ -101,8 +100,8 @@ def test_a_question_longer_than_the_tower_reads_is_a_warning_once(tmp_path: Path
         cut = tower(["who founded rome?", words])
         tower([words])
     assert [r.getMessage() for r in caplog.records] == [
-        "question 2 of 2 is 43 tokens; the question encoder reads its first 16, so the rest does not steer "
-        "retrieval (said once)"]
+        "the question 'rome rome rome rome rome rome rome rome '... is 43 tokens; the question encoder reads its first "
+        "16, so the rest does not steer retrieval (said once)"]
     with torch.no_grad():  # what it read: the first 16 tokens
         torch.testing.assert_close(cut[1], tower([" ".join(["rome"] * 14)])[0])
 

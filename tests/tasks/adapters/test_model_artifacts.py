@@ -117,9 +117,9 @@ def test_the_untampered_model_answers_through_wikirag_and_through_mlflow_pyfunc(
     assert served == record  # the same model, built the same way, gives the same answer and provenance
     with pytest.raises(ModelInputError, match=f"max_new_tokens {MAX_NEW_TOKENS_CAP + 1}: give a whole number"):
         pyfunc.predict([QUESTION], params={"max_new_tokens": MAX_NEW_TOKENS_CAP + 1})
-    with pytest.raises(ModelInputError, match="question 1 of 2 is empty; give each question as text"):
+    with pytest.raises(ModelInputError, match="question 2 of 2 is empty; give each question as text"):
         pyfunc.predict([QUESTION, "  "])
-    with pytest.raises(ModelInputError, match="question 1 of 2 is 1,001 characters .*a question is at most 1,000"):
+    with pytest.raises(ModelInputError, match="question 2 of 2 is 1,001 characters .*a question is at most 1,000"):
         pyfunc.predict([QUESTION, "x" * 1001])
 
     # MLflow's loader left its registered_model_meta among the model's files (a local artifact store): wikirag
