@@ -31,6 +31,7 @@ TITLES = {
     "hot_swap_bench": "Knowledge hot-swap",
     "load_bench": "Search under load",
     "decoding_bench": "Decoding",
+    "gate_decoding": "The gate's decoding on real questions",
     "rag_bench": "RAG training step and generation",
     "answer_quality": "Answer quality",
     "reader_alternatives": "Retriever and reader alternatives",

@@ -11,7 +11,8 @@ is run once (the *prefill*); its cache then serves every later step:
   same loops with one document), then "thorough" scores every distinct candidate under every
   document, and "fast" only under the documents whose search produced it (-inf elsewhere); both
   rank by log p(y|x) = logsumexp_z [log p(z|x) + log p(y|x,z)]. Scoring reuses the prefill cache,
-  so only answer tokens run again.
+  so only answer tokens run again; "fast" with greedy search runs none: a reply's log p(y|x,z) is the sum
+  its search took while choosing it.
 - ``causal_span_scores``: the same log p(y|x), either marginalisation, of answers given from outside
   (a reply and its passages' spans: span choice, :mod:`rag_core.model.rag_model`), all of a question's
   candidates in one row per document behind the prompt's cache.
@@ -96,6 +97,11 @@ class _MarginalStepper:
         if not self.started:
             self.first = self.first[cache_rows]
 
+    def keep(self, rows: Tensor) -> None:
+        """Step only rows ``rows`` (a subset, in order) from now on: the others have stopped."""
+        self.reorder(rows)
+        self.doc_logprobs = self.doc_logprobs[rows]  # [rows, n_docs]
+
 
 def _config(model, settings: dict):
     settings = {"decoder_start_token_id": settings.get("pad_token_id", model.generation_config.pad_token_id),
@@ -125,7 +131,7 @@ def causal_token_generate(model, input_ids: Tensor, attention_mask: Tensor, doc_
     prompt_rows = torch.arange(input_ids.shape[0], device=input_ids.device)
     stepper = _MarginalStepper(model, prefill, prompt_rows, doc_scores, n_docs, config.num_beams)
     if config.num_beams == 1:
-        return _pad_after_eos(_greedy(stepper, config, doc_scores.shape[0]), config)
+        return _pad_after_eos(_greedy(stepper, config, doc_scores.shape[0])[0], config)
     return _pad_after_eos(_beam_search(stepper, config, doc_scores.shape[0], num_return_sequences), config)
 
 
@@ -144,8 +150,9 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
     prompts = torch.arange(batch * n_docs, device=device)  # [batch * n_docs]: every prompt on its own
     alone = torch.zeros(batch * n_docs, 1, device=device)  # one document each: p(z|x) = 1
     stepper = _MarginalStepper(model, prefill, prompts, alone, 1, beams)
+    searched_ll = None  # [batch * n_docs]: each greedy search's own log p(y|x,z) (beam search: scored below)
     if beams == 1:
-        outputs = _greedy(stepper, config, batch * n_docs)  # [batch * n_docs, T]
+        outputs, searched_ll = _greedy(stepper, config, batch * n_docs)  # [batch * n_docs, T], [batch * n_docs]
     else:
         outputs = _beam_search(stepper, config, batch * n_docs, beams)  # [batch * n_docs * beams, T]
     outputs = _pad_after_eos(outputs, config)  # row r: document (r // beams) % n_docs of example r // (n * beams)
@@ -163,7 +170,10 @@ def causal_sequence_generate(model, input_ids: Tensor, attention_mask: Tensor, d
         else:  # each candidate under the documents whose search produced it
             cand = torch.tensor([position[key] for key in keys], device=device)  # [n_docs * beams]
             docs = torch.arange(n_docs * beams, device=device) // beams  # [n_docs * beams]
-        ll = _score(model, prefill, b * n_docs + docs, candidates[cand], config)  # [pairs]
+        if mode == "fast" and searched_ll is not None:  # a document's greedy reply, scored as it was searched
+            ll = searched_ll[b * n_docs + docs]  # [pairs]
+        else:
+            ll = _score(model, prefill, b * n_docs + docs, candidates[cand], config)  # [pairs]
         seq_ll = torch.full((len(position), n_docs), -torch.inf, device=device)  # [C, n_docs]
         seq_ll[cand, docs] = ll
         found.append((candidates, torch.logsumexp(seq_ll + doc_logprobs[b], dim=1)))  # [C, T_b], [C]

@@ -85,7 +85,7 @@ def rag_token_generate(generator, context_input_ids: Tensor, context_attention_m
                          f"got {num_return_sequences}")
     decoder = _MarginalDecoder(generator, context_input_ids, mask, doc_scores, n_docs, config.num_beams)
     if config.num_beams == 1:
-        return _greedy(decoder, config, doc_scores.shape[0])
+        return _greedy(decoder, config, doc_scores.shape[0])[0]
     return _beam_search(decoder, config, doc_scores.shape[0], num_return_sequences)
 
 
@@ -168,19 +168,39 @@ class _MarginalDecoder:
         cache_rows = rows.unsqueeze(1) * self.n_docs + torch.arange(self.n_docs, device=self.device)  # (rows, n_docs)
         self.cache.reorder_cache(cache_rows.reshape(-1))  # (rows * n_docs,)
 
+    def keep(self, rows: Tensor) -> None:
+        """Step only rows ``rows`` (a subset, in order) from now on: the others have stopped."""
+        self.reorder(rows)
+        cache_rows = (rows.unsqueeze(1) * self.n_docs + torch.arange(self.n_docs, device=self.device)).reshape(-1)
+        hidden = self.encoder_outputs.last_hidden_state[cache_rows]  # (rows * n_docs, L, d)
+        self.encoder_outputs, self.mask = BaseModelOutput(last_hidden_state=hidden), self.mask[cache_rows]
+        self.doc_logprobs = self.doc_logprobs[rows]  # (rows, n_docs)
 
-def _greedy(decoder: _MarginalDecoder, config: GenerationConfig, batch: int) -> Tensor:
-    """transformers' greedy search (GenerationMixin._sample without sampling), stepping ``decoder``."""
+
+def _greedy(decoder: _MarginalDecoder, config: GenerationConfig, batch: int) -> tuple[Tensor, Tensor]:
+    """transformers' greedy search (GenerationMixin._sample without sampling), stepping ``decoder``; the tokens
+    ``(batch, T)`` and each row's summed log-prob of its answer tokens, up to its stop token ``(batch,)``.
+
+    A row that has stopped leaves the decoder (:meth:`_MarginalDecoder.keep`): one long reply no longer runs every
+    other row of its batch to ``max_length``, and a step with few rows left costs a fraction of a full one."""
     device = decoder.device
     tokens = torch.full((batch, 1), config.decoder_start_token_id, device=device)  # (batch, 1)
-    eos, running = torch.tensor(config.eos_token_id, device=device), torch.ones(batch, dtype=torch.bool, device=device)
+    eos = torch.tensor(config.eos_token_id, device=device)
+    running = torch.arange(batch, device=device)  # the rows still in the decoder, in its row order
+    total = torch.zeros(batch, device=device)  # (batch,)
     while True:
-        scores = _constrain(decoder.next_logprobs(tokens[:, -1]), tokens.shape[1], config)  # (batch, vocab)
-        next_tokens = torch.where(running, scores.argmax(dim=-1), config.pad_token_id)  # (batch,)
+        logprobs = decoder.next_logprobs(tokens[running, -1])  # (running, vocab)
+        picked = _constrain(logprobs.clone(), tokens.shape[1], config).argmax(dim=-1)  # (running,)
+        total[running] += logprobs.gather(1, picked.unsqueeze(1)).squeeze(1).float()
+        next_tokens = torch.full((batch,), config.pad_token_id, dtype=tokens.dtype, device=device)
+        next_tokens[running] = picked
         tokens = torch.cat([tokens, next_tokens.unsqueeze(1)], dim=1)  # (batch, t + 1)
-        running &= ~torch.isin(next_tokens, eos)
-        if not running.any() or tokens.shape[1] >= config.max_length:
-            return tokens
+        going = ~torch.isin(picked, eos)  # (running,)
+        if not going.any() or tokens.shape[1] >= config.max_length:
+            return tokens, total
+        if not going.all():
+            decoder.keep(going.nonzero().squeeze(1))
+            running = running[going]
 
 
 def _beam_search(decoder: _MarginalDecoder, config: GenerationConfig, batch: int, n_return: int) -> Tensor:

@@ -137,6 +137,35 @@ def test_sequence_scores_are_the_sequence_loss(indexes: SimpleNamespace, llama_d
         assert (found.scores <= -loss + 1e-4).all()
 
 
+def test_rows_that_stop_early_leave_the_search_with_their_tokens_and_scores(indexes: SimpleNamespace,
+                                                                          llama_dir: Path) -> None:
+    """The stop token is one that the first prompt's reply picks at its second step: replies then stop at different
+    steps, each leaving the search when it does. Tokens are the Llama's own ``generate``'s, and fast RAG-Sequence's
+    score (the search's own sum of log-probs) is minus the one-document loss of the answer."""
+    model = llama_model(indexes, llama_dir, n_docs=1, kind="sequence")
+    batch = model.retrieve(QUESTIONS)
+    ids, mask, pad = batch.context_input_ids, batch.context_attention_mask, model.family.pad_token_id
+    free = causal_token_generate(model.generator, ids, mask, batch.doc_scores, 1, max_new_tokens=8,
+                                 eos_token_id=[10**6], pad_token_id=pad)  # an eos that never comes
+    stop = int(free[0, 2])
+    reference = model.generator.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                         eos_token_id=stop, pad_token_id=pad)[:, ids.shape[1]:]
+    found = causal_sequence_generate(model.generator, ids, mask, batch.doc_scores, 1, mode="fast", num_beams=1,
+                                     max_new_tokens=8, eos_token_id=[stop], pad_token_id=pad)
+    ours = found.sequences[:, 1:]
+    width = max(ours.shape[1], reference.shape[1])
+    assert torch.equal(*(torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad) for t in (ours, reference)))
+    stopped_at = [row.index(stop) if stop in row else None for row in ours.tolist()]
+    assert stopped_at[0] == 1 and any(at != 1 for at in stopped_at), stopped_at
+    labels = torch.full(ours.shape, IGNORE)
+    for i, (row, at) in enumerate(zip(ours.tolist(), stopped_at, strict=True)):
+        kept = row if at is None else row[: at + 1]
+        labels[i, : len(kept)] = torch.tensor(kept)
+    with torch.no_grad():
+        loss = model(batch, labels)
+    torch.testing.assert_close(found.scores, -loss, rtol=1e-5, atol=1e-4)
+
+
 def test_gradients_reach_the_question_encoder_through_doc_scores_only(indexes: SimpleNamespace,
                                                                      llama_dir: Path) -> None:
     model = llama_model(indexes, llama_dir, n_docs=3, kind="token").train()

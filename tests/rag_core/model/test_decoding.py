@@ -128,6 +128,22 @@ def test_token_greedy_matches_transformers(models, setting, padded, seed):
     assert torch.equal(ours, expected)  # same width too: both stop when every row has finished
 
 
+def test_token_greedy_rows_that_stop_early_leave_the_batch(models):
+    """The stop token is one that row 0 picks at its second step: rows then stop at different steps, and each
+    leaves the decoder when it does; the tokens are still transformers' own."""
+    ids, mask, scores = make_inputs(11, 4, 3)
+    free = rag_token_generate(models["generator"], ids, mask, scores, 3, num_beams=1, max_length=10,
+                              forced_eos_token_id=None)
+    stop = int(free[0, 2])
+    settings = dict(num_beams=1, max_length=10, eos_token_id=stop, forced_eos_token_id=None)
+    expected = models["token"].generate(context_input_ids=ids, context_attention_mask=mask, doc_scores=scores,
+                                        n_docs=3, **settings)
+    ours = rag_token_generate(models["generator"], ids, mask, scores, 3, **settings)
+    assert torch.equal(ours, expected)
+    stopped_at = [row[1:].index(stop) if stop in row[1:] else None for row in ours.tolist()]
+    assert stopped_at[0] == 1 and any(at != 1 for at in stopped_at), stopped_at  # one early, one later or never
+
+
 BEAM_SETTINGS = {
     "beams2": dict(num_beams=2, max_length=10),
     "beams4_return2": dict(num_beams=4, num_return_sequences=2, max_length=10),
