@@ -57,26 +57,27 @@ def print_answers(results: list[dict], *, as_json: bool, model: Any = None) -> N
         print(flush=True)
 
 
-def _up_to_a_document(questions: Iterable[str], refused: list[str]) -> Iterator[str]:
-    """The questions up to the first that is a document rather than a question, whose one-line refusal goes into
-    ``refused``: the questions before it are answered (a batch reads ahead), then the command stops."""
+def _up_to_a_document(questions: Iterable[tuple[str, str]], refused: list[str]) -> Iterator[str]:
+    """The questions (after where each came from) up to the first that is a document rather than a question, whose
+    one-line refusal goes into ``refused``: the questions before it are answered (a batch reads ahead), then the
+    command stops."""
     from rag_core.model.answers import too_long
 
-    for number, question in enumerate(questions, 1):
-        if refusal := too_long(f"question {number}", question):
+    for where, question in questions:
+        if refusal := too_long(where, question):
             refused.append(refusal)
             return
         yield question
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from cli.search import read_questions
+    from cli.search import located_questions
     from rag_core.errors import WikiragError
     from rag_core.model.answers import answer
     from tasks.adapters.index_queries import QUESTIONS_PER_BATCH, batches
 
     refused: list[str] = []
-    questions = _up_to_a_document(read_questions(args.questions, args.question), refused)
+    questions = _up_to_a_document(located_questions(args.questions, args.question), refused)
     first = next(questions, None)
     if first is None:  # before the model loads
         raise WikiragError(refused[0])

@@ -19,8 +19,14 @@ def read_questions(path: str | None, questions: list[str]) -> Iterator[str]:
     that is still being written) costs the memory of one batch. Opening it, and finding at least one question,
     happen here, before any work.
     """
-    given = [q.strip() for q in questions if q.strip()]
-    lines: Iterator[str] = _question_lines(path, _open_questions(path)) if path else iter(())
+    return (question for _, question in located_questions(path, questions))
+
+
+def located_questions(path: str | None, questions: list[str]) -> Iterator[tuple[str, str]]:
+    """:func:`read_questions`' questions, each after where it came from: "question N" for the Nth argument,
+    "FILE line N" for a line of the file ("stdin line N"), so that a message about one names what to fix."""
+    given = [(f"question {n}", q.strip()) for n, q in enumerate(questions, 1) if q.strip()]
+    lines = _question_lines(path, _open_questions(path)) if path else iter(())
     if not given:
         first = next(lines, None)
         if first is None:
@@ -38,11 +44,12 @@ def _open_questions(path: str) -> Any:
         raise _unreadable(path, exc) from exc
 
 
-def _question_lines(path: str, stream: Any) -> Iterator[str]:
+def _question_lines(path: str, stream: Any) -> Iterator[tuple[str, str]]:
+    name = "stdin" if path == "-" else path
     try:
-        for line in stream:
+        for number, line in enumerate(stream, 1):
             if line.strip():
-                yield line.strip()
+                yield f"{name} line {number}", line.strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise _unreadable(path, exc) from exc
     finally:

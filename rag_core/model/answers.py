@@ -29,7 +29,8 @@ MAX_QUESTION_CHARS = 1000
 
 
 def too_long(which: str, question: str) -> str | None:
-    """The one-line refusal of ``question`` (``which``: "question 3") when it is longer than a question, else None."""
+    """The one-line refusal of ``question`` (``which``: "question 3", "questions.txt line 7") when it is longer
+    than a question, else None."""
     if len(question) <= MAX_QUESTION_CHARS:
         return None
     return (f"{which} is {len(question):,} characters ({question[:40]!r}...); a question is at most "

@@ -100,13 +100,13 @@ def test_a_document_given_as_a_question_is_one_line_before_and_between_answers(
     assert len(err) == 1 and "question 1 is 1,379 characters ('Who tutored Alexander? Who tutored Alexa'...)" in err[0]
     assert "a question is at most 1,000: ask the question itself" in err[0]
     questions = tmp_path / "questions.txt"
-    questions.write_text(f"{QUESTIONS[1]}\n{'x' * 1001}\n{QUESTIONS[2]}\n")
+    questions.write_text(f"{QUESTIONS[1]}\n\n{'x' * 1001}\n{QUESTIONS[2]}\n")
     llama = save_tiny_llama(tmp_path / "llama")
     assert main(["ask", QUESTIONS[0], "--questions", str(questions), "--generator", str(llama), "--index", version,
                  "--json"]) == 2
     out, err = capsys.readouterr()
     assert [json.loads(line)["question"] for line in out.splitlines()] == QUESTIONS[:2]  # answered up to it
-    assert "question 3 is 1,001 characters" in err.strip().splitlines()[-1]
+    assert f"{questions} line 3 is 1,001 characters" in err.strip().splitlines()[-1]  # the line to fix
 
 
 def test_fetch_errors_are_one_line_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
