@@ -11,7 +11,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from rag_core.evaluate.paired import sign_test
+from rag_core.evaluate.paired import CHANCE, sign_test
 from rag_core.storage import Store
 from rag_core.train.loaders import TASK_KINDS
 
@@ -198,6 +198,9 @@ def gate_sentence(gate: Any) -> str:
                     f"({gate.alias}).")
     elif gate.alias == "champion":
         decision = f"{model} is champion: the fine-tune beat its zero-shot start ({numbers})."
+    elif not gate.beyond_chance:
+        decision = (f"The fine-tune scored above its zero-shot start ({numbers}), but by answers that changed within "
+                    f"chance, so {model} is not promoted ({gate.alias}).")
     else:
         decision = (f"{model} beat its zero-shot start ({numbers}) but not the current champion, so it is "
                     f"{gate.alias}: {gate.reason}.")
@@ -209,7 +212,7 @@ def changes_sentence(gained: int, lost: int) -> str:
     if not gained and not lost:
         return "Question by question, the fine-tune changed no exact answer."
     p = sign_test(gained, lost)
-    verdict = "more than chance" if p < 0.05 else "within chance"
+    verdict = "more than chance" if p < CHANCE else "within chance"
     return (f"Question by question, it answers {gained} exactly that its start missed and misses {lost} that its "
             f"start answered: {verdict} (two-sided sign test, p = {p:.2f}).")
 
@@ -243,8 +246,8 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
     lines += ["", gate_sentence(gate)]
     if answered_by == "zero-shot":
         lines += ["", "## Questions answered by the zero-shot model", "",
-                  f"No {gate.name} champion (no fine-tune has beaten its zero-shot start), so the generator and "
-                  "index before fine-tuning answer:", ""]
+                  f"No {gate.name} champion (no fine-tune has beaten its zero-shot start by more than chance), so "
+                  "the generator and index before fine-tuning answer:", ""]
     else:
         lines += ["", f"## Questions answered by the champion, {answered_by}", ""]
     for item in answers:

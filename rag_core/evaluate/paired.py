@@ -23,6 +23,16 @@ def gained_lost(first: Sequence[float], second: Sequence[float]) -> tuple[int, i
     return gained, lost
 
 
+# Below this p-value a split of changed answers is more than chance: what the summary says, and what the gate on
+# real questions asks of a fine-tune before it replaces its zero-shot start
+CHANCE = 0.05
+
+
+def beyond_chance(gained: int, lost: int) -> bool:
+    """More answers gained than lost, by a split that equally good models give with probability under CHANCE."""
+    return gained > lost and sign_test(gained, lost) < CHANCE
+
+
 def sign_test(gained: int, lost: int) -> float:
     """The exact two-sided sign test's p-value: under equally good models each changed answer goes either way
     with probability 1/2; 1.0 when nothing changed."""

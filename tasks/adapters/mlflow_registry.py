@@ -13,7 +13,8 @@ nobody holds; the version's ``index_pin`` tag names the pin that holds it.
 
 The promotion gate moves the alias ``champion`` to the new version only when
 its headline dev metric beats the current champion's by ``margin`` (or there
-is no champion yet) and, when a zero-shot baseline is given, beats that too;
+is no champion yet) and, when a zero-shot baseline is given, beats that too
+(given the answers gained and lost against it, by more than chance);
 otherwise the new version gets ``challenger``. The
 decision, with its numbers, is written to the version's tags and to the
 training run.
@@ -37,6 +38,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from rag_core.errors import WikiragError
+from rag_core.evaluate.paired import CHANCE, beyond_chance, sign_test
 from rag_core.index.retention import pin_version, unpin_version, version_pins
 from rag_core.storage import Store
 from tasks.adapters.mlflow_flavor import CHECKSUMS_TAG, FLAVOR_MODULE, ArtifactWriter, logged_model_id
@@ -126,13 +128,21 @@ def _champion(client: MlflowClient, name: str) -> tuple[str | None, float | None
 
 
 def gate(name: str, metric: str, value: float, margin: float, champion_version: str | None,
-         champion_value: float | None, baseline: float | None = None) -> tuple[str, str]:
+         champion_value: float | None, baseline: float | None = None,
+         changed: tuple[int, int] | None = None) -> tuple[str, str]:
     """``(alias, reason)`` for a new version of ``name`` scoring ``value``: champion when it beats its zero-shot
-    ``baseline`` (when given; strictly) and the current champion's value by ``margin`` (or there is none), else
-    challenger. A change to this rule raises tasks.finetune.GATE_RULE (rerun versions are then placed anew)."""
+    ``baseline`` (when given; strictly; with ``changed``, its answers gained and lost against it question by
+    question, by more than chance: rag_core.evaluate.paired.beyond_chance) and the current champion's value by
+    ``margin`` (or there is none), else challenger. A change to this rule raises tasks.finetune.GATE_RULE (rerun
+    versions are then placed anew)."""
     if baseline is not None and value <= baseline:
         return CHALLENGER, (f"{metric} {value:.4f} does not beat its zero-shot start's {baseline:.4f}: "
                             "kept as challenger")
+    if baseline is not None and changed is not None and not beyond_chance(*changed):
+        gained, lost = changed
+        return CHALLENGER, (f"{metric} {value:.4f} is above its zero-shot start's {baseline:.4f} by {gained} answers "
+                            f"gained and {lost} lost, within chance (two-sided sign test p = "
+                            f"{sign_test(gained, lost):.2f}, promotion needs < {CHANCE}): kept as challenger")
     if champion_version is None or champion_value is None:
         return CHAMPION, f"first {name} version with a {metric}: champion"
     if value >= champion_value + margin:
@@ -143,16 +153,18 @@ def gate(name: str, metric: str, value: float, margin: float, champion_version: 
 
 
 def register(tracking_uri: str, model_uri: str, task: str, *, run_id: str, metric: str, value: float,
-             margin: float, store: Store, index_version: str, baseline: float | None = None) -> Promotion:
+             margin: float, store: Store, index_version: str, baseline: float | None = None,
+             changed: tuple[int, int] | None = None) -> Promotion:
     """Pin ``index_version`` for ``model_uri`` (a logged wikirag model), register it as a new version of
     ``wikirag-<task>`` carrying its checksum anchor, and gate its promotion (:func:`gate`; ``baseline``: the
-    zero-shot start's ``metric``, to beat); a failed pin registers nothing."""
+    zero-shot start's ``metric``, to beat; ``changed``: answers gained and lost against it); a failed pin registers
+    nothing."""
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     name = model_name(task)
     version = _register_pinned(client, tracking_uri, model_uri, name, store, index_version)
     champion_version, champion_value = _champion(client, name)
-    alias, reason = gate(name, metric, value, margin, champion_version, champion_value, baseline)
+    alias, reason = gate(name, metric, value, margin, champion_version, champion_value, baseline, changed)
     promotion = Promotion(name, version, alias, metric, value, champion_version, champion_value, margin,
                           index_version, reason)
     _record(client, promotion, store, run_id)

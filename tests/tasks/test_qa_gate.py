@@ -10,6 +10,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from rag_core.evaluate.paired import beyond_chance
 from rag_core.evaluate.real_questions import SPLITS, answer_in_output, real_questions, split_of
 from rag_core.index.encoders import Encoder, EncoderConfig
 from rag_core.model.generators import GeneratorConfig
@@ -78,22 +79,47 @@ def test_the_gate_refuses_a_worse_model(small_index, tmp_path: Path) -> None:
     assert _champion(client, name) == "3"
 
 
+def test_a_win_within_chance_is_not_promoted(small_index, tmp_path: Path) -> None:
+    """A higher test EM from 5 answers gained and 4 lost against the start (one question in 40, what chance gives)
+    stays challenger; 9 gained and 1 lost (p = 0.02) is champion."""
+    store, version, model_dir, _ = small_index
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+
+    def gated(value: float, zero_shot: float, changed: tuple[int, int]):
+        run_id, model_uri = _logged(uri, store, version, model_dir, QA_TASK)
+        return register(uri, model_uri, QA_TASK, run_id=run_id, metric="test_em", value=value, margin=0.0,
+                        store=store, index_version=version, baseline=zero_shot, changed=changed)
+
+    lucky = gated(0.375, zero_shot=0.35, changed=(5, 4))
+    assert lucky.alias == CHALLENGER and _champion(client, model_name(QA_TASK)) is None
+    assert lucky.reason == ("test_em 0.3750 is above its zero-shot start's 0.3500 by 5 answers gained and 4 lost, "
+                            "within chance (two-sided sign test p = 1.00, promotion needs < 0.05): kept as challenger")
+    one_sided = gated(0.45, zero_shot=0.35, changed=(4, 0))  # all four changes for the better: still p = 0.125
+    assert one_sided.alias == CHALLENGER
+    better = gated(0.55, zero_shot=0.35, changed=(9, 1))
+    assert better.alias == CHAMPION and _champion(client, model_name(QA_TASK)) == better.version
+
+
 def _report(zero_shot: int, fine_tuned: int, gained: int | None, lost: int | None, n: int = 40) -> QAGate:
     scores = {model: ModelScores(em=right / n, f1=right / n, answer_in_output=right / n, examples=n)
               for model, right in (("zero-shot", zero_shot), ("fine-tuned", fine_tuned), ("closed-book", 6))}
+    promoted = fine_tuned > zero_shot and (gained is None or beyond_chance(gained, lost))  # the gate's rule
     return QAGate(test_questions=n, sources={"written": n}, scores=scores, name="wikirag-qa", version="2",
-                  alias=CHAMPION if fine_tuned > zero_shot else CHALLENGER, reason="", gained=gained, lost=lost)
+                  alias=CHAMPION if promoted else CHALLENGER, reason="", gained=gained, lost=lost)
 
 
 def test_the_summary_says_how_many_answers_changed_each_way_and_whether_that_is_chance() -> None:
     narrow = gate_sentence(_report(14, 15, gained=3, lost=2))  # one question in 40: what chance gives
-    assert narrow.startswith("wikirag-qa v2 is champion: the fine-tune beat its zero-shot start (test EM 0.375 vs "
-                             "its zero-shot start's 0.350 on 40 held-out questions).")
+    assert narrow.startswith("The fine-tune scored above its zero-shot start (test EM 0.375 vs its zero-shot start's "
+                             "0.350 on 40 held-out questions), but by answers that changed within chance, so "
+                             "wikirag-qa v2 is not promoted (challenger).")
     assert narrow.endswith("it answers 3 exactly that its start missed and misses 2 that its start answered: within "
                            "chance (two-sided sign test, p = 1.00).")
     clear = gate_sentence(_report(14, 22, gained=9, lost=1))  # 2 * P(X <= 1), X ~ Binomial(10, 1/2) = 0.0215
     assert clear.endswith("answers 9 exactly that its start missed and misses 1 that its start answered: more than "
                           "chance (two-sided sign test, p = 0.02).")
+    assert clear.startswith("wikirag-qa v2 is champion: the fine-tune beat its zero-shot start (test EM 0.550 vs ")
     tie = gate_sentence(_report(14, 14, gained=3, lost=3))
     assert tie.startswith("The fine-tune did not beat its zero-shot start") and tie.endswith("p = 1.00).")
     before = gate_sentence(_report(14, 15, gained=None, lost=None))  # a report made before answers were counted

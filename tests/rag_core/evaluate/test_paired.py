@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_core.evaluate.paired import gained_lost, sign_test
+from rag_core.evaluate.paired import beyond_chance, gained_lost, sign_test
 
 
 def test_changed_answers_are_counted_each_way_and_agreements_are_not() -> None:
@@ -28,3 +28,15 @@ def test_changed_answers_are_counted_each_way_and_agreements_are_not() -> None:
 ])
 def test_the_sign_test_matches_the_binomial_tail_worked_by_hand(gained: int, lost: int, p: float) -> None:
     assert sign_test(gained, lost) == pytest.approx(p)
+
+
+@pytest.mark.parametrize(("gained", "lost", "better"), [
+    (5, 4, False),  # one question's lead: what chance gives
+    (5, 0, False),  # p = 0.0625: five changes are too few to tell, however they fall
+    (6, 0, True),  # p = 0.03125
+    (8, 1, True),  # p = 0.039
+    (1, 8, False),  # as uneven, the wrong way
+])
+def test_beyond_chance_asks_for_more_gained_than_lost_at_p_under_five_percent(gained: int, lost: int,
+                                                                              better: bool) -> None:
+    assert beyond_chance(gained, lost) is better
