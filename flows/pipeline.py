@@ -8,8 +8,8 @@ as targets (flows/generated_qa.py) -> finetune on it
 (``wikirag-generated-qa``: N DDP processes, its own gate on generated dev questions) -> the gate
 on real questions: zero-shot vs fine-tuned vs closed-book on the test split, and ``wikirag-qa``
 registered, champion only if it beats its zero-shot start by more than chance -> the ``wikirag-qa``
-champion (or the zero-shot model, when none beat it) answers a few questions with provenance -> plots and a
-summary (also a Prefect artifact).
+champion (or the zero-shot model, when none beat it by more than chance) answers a few questions with
+provenance -> plots and a summary (also a Prefect artifact).
 
 A second run reuses what exists: the published passages, vectors and generated QA of an
 unchanged dump, a model registered from the same recipe, data, index version and gate margin, and

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from rag_core.evaluate.metrics import exact_match
-from rag_core.evaluate.paired import beyond_chance, gained_lost
+from rag_core.evaluate.paired import beyond_chance, gained_lost, sign_test
 from rag_core.evaluate.real_questions import SPLITS, answer_in_output, real_questions
 from rag_core.index.versions import read_index_manifest
 from rag_core.storage import Store
@@ -43,7 +44,8 @@ from tasks.retry_policy import retry_unless_bad_input
 
 QA_TASK = "qa"  # registered as wikirag-qa
 KEY_TAG, REPORT_TAG = "qa_gate_key", "qa_gate"
-# the gate's rule, part of its reuse key: a model gated under an earlier rule is placed anew (2: beyond chance)
+# the gate's rule, part of its reuse key and of each report: after a change, a rerun gates its model again and a
+# champion placed under an earlier rule is judged again (rejudge_champion). 2: a lead beyond chance
 RULE = 2
 MODELS = ("zero-shot", "fine-tuned", "closed-book")
 
@@ -83,15 +85,16 @@ class QAGate(BaseModel):
     # report made before they were counted)
     gained: int | None = None
     lost: int | None = None
+    rule: int = 1  # the gate rule (RULE) that placed it; reports made before the rule was counted are rule 1
 
     @property
     def beat_zero_shot(self) -> bool:
         return bool(self.scores) and self.scores["fine-tuned"].em > self.scores["zero-shot"].em
 
     @property
-    def beyond_chance(self) -> bool:
+    def lead_beyond_chance(self) -> bool:
         """Whether the answers that changed against the zero-shot start say the fine-tune is better (True for a
-        report made before they were counted: its gate compared means only)."""
+        report made before they were counted, which cannot tell)."""
         return self.gained is None or self.lost is None or beyond_chance(self.gained, self.lost)
 
 
@@ -151,6 +154,7 @@ def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: Real
     ``limit``: the first test questions scored (all when None)."""
     log = get_run_logger()
     client = MlflowClient(tracking_uri=tracking_uri)
+    rejudge_champion(client, log)
     source = client.get_model_version(model_name(source_task), source_version)
     test = _test_examples(questions, store)[:limit]
     key = hashlib.sha256(json.dumps([source.run_id, questions.test, settings, limit, RULE], sort_keys=True).encode()
@@ -178,10 +182,34 @@ def qa_gate(tracking_uri: str, store: Store, index_version: str, questions: Real
                          baseline=scores["zero-shot"].em, changed=(gained, lost))
     report = QAGate(test_questions=len(test), sources=sources, scores=scores, name=promotion.name,
                     version=promotion.version, alias=promotion.alias, reason=promotion.reason, gained=gained,
-                    lost=lost)
+                    lost=lost, rule=RULE)
     client.set_model_version_tag(promotion.name, promotion.version, REPORT_TAG, report.model_dump_json())
     client.set_model_version_tag(promotion.name, promotion.version, KEY_TAG, key)
     return report
+
+
+def rejudge_champion(client: MlflowClient, log: Any = None) -> None:
+    """Judge the ``wikirag-qa`` champion again when an earlier gate rule placed it: one whose stored lead over its
+    zero-shot start is within chance loses the alias (tagged and logged), so consumers get the zero-shot model's
+    answers in the summary and no lucky champion from ``@champion``; ``log``: a logger (default this module's)."""
+    name = model_name(QA_TASK)
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return
+    if REPORT_TAG not in champion.tags:
+        return
+    report = QAGate.model_validate_json(champion.tags[REPORT_TAG])
+    if report.rule >= RULE or report.lead_beyond_chance:
+        return
+    reason = (f"champion under gate rule {report.rule}; its lead over its zero-shot start ({report.gained} answers "
+              f"gained, {report.lost} lost, two-sided sign test p = {sign_test(report.gained, report.lost):.3f}) is "
+              f"within chance, which rule {RULE} does not promote")
+    client.delete_registered_model_alias(name, CHAMPION)
+    client.set_model_version_tag(name, champion.version, "promotion", f"demoted: {reason}")
+    client.set_model_version_tag(name, champion.version, REPORT_TAG,
+                                 report.model_copy(update={"alias": "none", "reason": reason}).model_dump_json())
+    (log or logging.getLogger(__name__)).warning("%s v%s is no longer champion: %s", name, champion.version, reason)
 
 
 def _test_examples(questions: RealQuestions, store: Store) -> list[Any]:

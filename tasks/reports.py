@@ -71,7 +71,7 @@ def plot_gate(gate: Any, path: Path) -> Path | None:
     axes.set_ylabel("mean over the questions")
     promoted = "promoted" if gate.alias == "champion" else f"not promoted ({gate.alias})"
     changed = "" if gate.gained is None else (f"\nagainst zero-shot: {gate.gained} exact answers gained, {gate.lost} "
-                                              f"lost (sign test p = {sign_test(gate.gained, gate.lost):.2f})")
+                                              f"lost (sign test p = {sign_test(gate.gained, gate.lost):.3f})")
     axes.set_title(f"{gate.test_questions} held-out real questions: {gate.name} v{gate.version} {promoted}"
                    f"{changed}", fontsize="medium")
     axes.legend(fontsize="small", loc="best")
@@ -198,9 +198,9 @@ def gate_sentence(gate: Any) -> str:
                     f"({gate.alias}).")
     elif gate.alias == "champion":
         decision = f"{model} is champion: the fine-tune beat its zero-shot start ({numbers})."
-    elif not gate.beyond_chance:
-        decision = (f"The fine-tune scored above its zero-shot start ({numbers}), but by answers that changed within "
-                    f"chance, so {model} is not promoted ({gate.alias}).")
+    elif not gate.lead_beyond_chance:
+        decision = (f"The fine-tune scored above its zero-shot start ({numbers}), but its lead is within chance "
+                    f"(below), so {model} is not promoted ({gate.alias}).")
     else:
         decision = (f"{model} beat its zero-shot start ({numbers}) but not the current champion, so it is "
                     f"{gate.alias}: {gate.reason}.")
@@ -214,7 +214,7 @@ def changes_sentence(gained: int, lost: int) -> str:
     p = sign_test(gained, lost)
     verdict = "more than chance" if p < CHANCE else "within chance"
     return (f"Question by question, it answers {gained} exactly that its start missed and misses {lost} that its "
-            f"start answered: {verdict} (two-sided sign test, p = {p:.2f}).")
+            f"start answered: {verdict} (two-sided sign test, p = {p:.3f}).")
 
 
 def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], questions: Any, gate: Any,

@@ -179,10 +179,11 @@ class _MarginalDecoder:
 
 def _greedy(decoder: _MarginalDecoder, config: GenerationConfig, batch: int) -> tuple[Tensor, Tensor]:
     """transformers' greedy search (GenerationMixin._sample without sampling), stepping ``decoder``; the tokens
-    ``(batch, T)`` and each row's summed log-prob of its answer tokens, up to its stop token ``(batch,)``.
+    ``(batch, T)`` and each row's summed log-prob of its answer tokens, its stop token included ``(batch,)`` (the
+    raw log-probs, before any forced token or minimum length, as the scoring passes sum them).
 
-    A row that has stopped leaves the decoder (:meth:`_MarginalDecoder.keep`): one long reply no longer runs every
-    other row of its batch to ``max_length``, and a step with few rows left costs a fraction of a full one."""
+    A row that has stopped leaves the decoder (:meth:`_MarginalDecoder.keep`): one long reply does not keep every
+    other row of its batch stepping to ``max_length``, and a step with few rows left costs a fraction of a full one."""
     device = decoder.device
     tokens = torch.full((batch, 1), config.decoder_start_token_id, device=device)  # (batch, 1)
     eos = torch.tensor(config.eos_token_id, device=device)

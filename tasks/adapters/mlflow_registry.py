@@ -133,8 +133,8 @@ def gate(name: str, metric: str, value: float, margin: float, champion_version: 
     """``(alias, reason)`` for a new version of ``name`` scoring ``value``: champion when it beats its zero-shot
     ``baseline`` (when given; strictly; with ``changed``, its answers gained and lost against it question by
     question, by more than chance: rag_core.evaluate.paired.beyond_chance) and the current champion's value by
-    ``margin`` (or there is none), else challenger. A change to this rule raises tasks.finetune.GATE_RULE (rerun
-    versions are then placed anew)."""
+    ``margin`` (or there is none), else challenger. A change to the rule without ``changed`` raises
+    tasks.finetune.GATE_RULE, one to the rule with it tasks.qa_gate.RULE (rerun versions are then placed anew)."""
     if baseline is not None and value <= baseline:
         return CHALLENGER, (f"{metric} {value:.4f} does not beat its zero-shot start's {baseline:.4f}: "
                             "kept as challenger")
@@ -142,7 +142,7 @@ def gate(name: str, metric: str, value: float, margin: float, champion_version: 
         gained, lost = changed
         return CHALLENGER, (f"{metric} {value:.4f} is above its zero-shot start's {baseline:.4f} by {gained} answers "
                             f"gained and {lost} lost, within chance (two-sided sign test p = "
-                            f"{sign_test(gained, lost):.2f}, promotion needs < {CHANCE}): kept as challenger")
+                            f"{sign_test(gained, lost):.3f}, promotion needs < {CHANCE}): kept as challenger")
     if champion_version is None or champion_value is None:
         return CHAMPION, f"first {name} version with a {metric}: champion"
     if value >= champion_value + margin:

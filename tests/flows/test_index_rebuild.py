@@ -353,8 +353,8 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
         assert "champion" not in client.get_registered_model("wikirag-qa").aliases
         assert (f"The fine-tune did not beat its zero-shot start {numbers}, so wikirag-qa v1 is not promoted" in summary
                 if fine_tuned <= zero_shot else
-                f"The fine-tune scored above its zero-shot start {numbers}, but by answers that changed within "
-                f"chance, so wikirag-qa v1 is not promoted" in summary)
+                f"The fine-tune scored above its zero-shot start {numbers}, but its lead is within chance (below), "
+                "so wikirag-qa v1 is not promoted" in summary)
         assert "## Questions answered by the zero-shot model" in summary
     teacher = summary.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
     assert teacher[1].startswith("  - Aristotle (")  # the answering model's most probable passage is Aristotle's

@@ -4,6 +4,7 @@ start on the held-out test questions is not champion, and the summary says so.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from rag_core.storage import Store
 from rag_core.train.loaders import load_task
 from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
 from tasks.adapters.mlflow_tracking import tracked_run
-from tasks.qa_gate import QA_TASK, ModelScores, QAGate, qa_answers, qa_gate, real_question_files
+from tasks.qa_gate import QA_TASK, ModelScores, QAGate, qa_answers, qa_gate, real_question_files, rejudge_champion
 from tasks.reports import gate_sentence
 from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.generatorfiles import save_tiny_llama
@@ -94,11 +95,40 @@ def test_a_win_within_chance_is_not_promoted(small_index, tmp_path: Path) -> Non
     lucky = gated(0.375, zero_shot=0.35, changed=(5, 4))
     assert lucky.alias == CHALLENGER and _champion(client, model_name(QA_TASK)) is None
     assert lucky.reason == ("test_em 0.3750 is above its zero-shot start's 0.3500 by 5 answers gained and 4 lost, "
-                            "within chance (two-sided sign test p = 1.00, promotion needs < 0.05): kept as challenger")
+                            "within chance (two-sided sign test p = 1.000, promotion needs < 0.05): kept as challenger")
     one_sided = gated(0.45, zero_shot=0.35, changed=(4, 0))  # all four changes for the better: still p = 0.125
     assert one_sided.alias == CHALLENGER
     better = gated(0.55, zero_shot=0.35, changed=(9, 1))
     assert better.alias == CHAMPION and _champion(client, model_name(QA_TASK)) == better.version
+
+
+def test_a_champion_placed_by_the_earlier_rule_is_judged_again(small_index, tmp_path: Path) -> None:
+    """A workspace's wikirag-qa champion from before the chance rule (its report has no rule): a lead of 5 answers
+    gained and 4 lost loses the alias on the next gate, tagged with why; a clear lead keeps it."""
+    store, version, model_dir, _ = small_index
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    name = model_name(QA_TASK)
+
+    def old_champion(gained: int, lost: int) -> str:
+        run_id, model_uri = _logged(uri, store, version, model_dir, QA_TASK)
+        promotion = register(uri, model_uri, QA_TASK, run_id=run_id, metric="test_em", value=0.35 + gained / 100,
+                             margin=0.0, store=store, index_version=version, baseline=0.30)  # the old rule: means
+        assert promotion.alias == CHAMPION
+        old = _report(14, 14 + gained - lost, gained, lost).model_dump(exclude={"rule"})
+        client.set_model_version_tag(name, promotion.version, "qa_gate", json.dumps({**old, "alias": CHAMPION}))
+        return promotion.version
+
+    lucky = old_champion(5, 4)
+    rejudge_champion(client)
+    assert _champion(client, name) is None
+    tags = client.get_model_version(name, lucky).tags
+    assert tags["promotion"].startswith("demoted: champion under gate rule 1; its lead over its zero-shot start (5 "
+                                        "answers gained, 4 lost, two-sided sign test p = 1.000) is within chance")
+    assert QAGate.model_validate_json(tags["qa_gate"]).alias == "none"
+    clear = old_champion(9, 1)
+    rejudge_champion(client)
+    assert _champion(client, name) == clear  # p = 0.021: kept
 
 
 def _report(zero_shot: int, fine_tuned: int, gained: int | None, lost: int | None, n: int = 40) -> QAGate:
@@ -112,16 +142,16 @@ def _report(zero_shot: int, fine_tuned: int, gained: int | None, lost: int | Non
 def test_the_summary_says_how_many_answers_changed_each_way_and_whether_that_is_chance() -> None:
     narrow = gate_sentence(_report(14, 15, gained=3, lost=2))  # one question in 40: what chance gives
     assert narrow.startswith("The fine-tune scored above its zero-shot start (test EM 0.375 vs its zero-shot start's "
-                             "0.350 on 40 held-out questions), but by answers that changed within chance, so "
-                             "wikirag-qa v2 is not promoted (challenger).")
+                             "0.350 on 40 held-out questions), but its lead is within chance (below), so wikirag-qa "
+                             "v2 is not promoted (challenger).")
     assert narrow.endswith("it answers 3 exactly that its start missed and misses 2 that its start answered: within "
-                           "chance (two-sided sign test, p = 1.00).")
+                           "chance (two-sided sign test, p = 1.000).")
     clear = gate_sentence(_report(14, 22, gained=9, lost=1))  # 2 * P(X <= 1), X ~ Binomial(10, 1/2) = 0.0215
     assert clear.endswith("answers 9 exactly that its start missed and misses 1 that its start answered: more than "
-                          "chance (two-sided sign test, p = 0.02).")
+                          "chance (two-sided sign test, p = 0.021).")
     assert clear.startswith("wikirag-qa v2 is champion: the fine-tune beat its zero-shot start (test EM 0.550 vs ")
     tie = gate_sentence(_report(14, 14, gained=3, lost=3))
-    assert tie.startswith("The fine-tune did not beat its zero-shot start") and tie.endswith("p = 1.00).")
+    assert tie.startswith("The fine-tune did not beat its zero-shot start") and tie.endswith("p = 1.000).")
     before = gate_sentence(_report(14, 15, gained=None, lost=None))  # a report made before answers were counted
     assert before.endswith("on 40 held-out questions).") and "Question by question" not in before
 

@@ -116,6 +116,27 @@ def test_several_documents_token_greedy_equals_a_cacheless_mixture(indexes: Simp
         torch.testing.assert_close(ours, _reference_token_greedy(model, ids, mask, scores, 3, 6), rtol=0, atol=0)
 
 
+def test_several_documents_token_greedy_rows_that_stop_leave_the_others_unchanged(indexes: SimpleNamespace,
+                                                                                 llama_dir: Path) -> None:
+    """RAG-Token over 3 documents with a stop token that the first question picks at its second step: each row is
+    the never-stopping search's up to its stop token, then padding; the rows that go on after others left (each
+    with its 3 documents' cache rows and doc scores) are unchanged."""
+    model = llama_model(indexes, llama_dir, n_docs=3)
+    batch = model.retrieve(QUESTIONS)
+    # sharp, and a different document leads each question: a row stepped with another row's doc scores shows
+    scores = torch.stack([row.roll(i) for i, row in enumerate(batch.doc_scores.detach() * 200)])
+    ids, mask = batch.context_input_ids, batch.context_attention_mask
+    free = causal_token_generate(model.generator, ids, mask, scores, 3, max_new_tokens=6, eos_token_id=[10**6],
+                                 pad_token_id=0)[:, 1:]
+    stop = int(free[0, 1])
+    ours = causal_token_generate(model.generator, ids, mask, scores, 3, max_new_tokens=6, eos_token_id=[stop],
+                                 pad_token_id=0)[:, 1:]
+    ends = [row.index(stop) + 1 if stop in row else len(row) for row in free.tolist()]
+    assert ends[0] == 2 and any(end > 2 for end in ends), ends  # one stops early, another goes on
+    for row, expected, end in zip(ours.tolist(), free.tolist(), ends, strict=True):
+        assert row[:end] == expected[:end] and set(row[end:]) <= {0}
+
+
 @pytest.mark.parametrize("mode", ["thorough", "fast"])
 def test_sequence_scores_are_the_sequence_loss(indexes: SimpleNamespace, llama_dir: Path, mode: str) -> None:
     """log p(y|x) of the chosen answer is minus RAG-Sequence's loss of that answer (a second code path)."""

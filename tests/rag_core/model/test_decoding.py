@@ -131,7 +131,7 @@ def test_token_greedy_matches_transformers(models, setting, padded, seed):
 def test_token_greedy_rows_that_stop_early_leave_the_batch(models):
     """The stop token is one that row 0 picks at its second step: rows then stop at different steps, and each
     leaves the decoder when it does; the tokens are still transformers' own."""
-    ids, mask, scores = make_inputs(11, 4, 3)
+    ids, mask, scores = make_inputs(11, 4, 3, padded=True)  # the mask is narrowed too
     free = rag_token_generate(models["generator"], ids, mask, scores, 3, num_beams=1, max_length=10,
                               forced_eos_token_id=None)
     stop = int(free[0, 2])
