@@ -35,6 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def up_to_stop(tokens: list[int], stops: list[int]) -> list[int]:
+    """A reply's tokens up to and including its first stop token (all of them when none comes)."""
+    return tokens[: next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))]
+
+
 def transformers_fast(generator, family, ids, mask, doc_scores, n_docs: int, max_new_tokens: int) -> list[list[int]]:
     """Fast RAG-Sequence with transformers' greedy ``generate``: each question's best reply, as token lists."""
     import torch
@@ -46,9 +51,8 @@ def transformers_fast(generator, family, ids, mask, doc_scores, n_docs: int, max
     steps = generator.compute_transition_scores(out.sequences, out.logits, normalize_logits=True)  # [rows, T]
     replies, sums = [], []
     for row, scores in zip(out.sequences[:, ids.shape[1]:].tolist(), steps, strict=True):
-        end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
-        replies.append(row[:end])
-        sums.append(scores[:end].float().sum())
+        replies.append(up_to_stop(row, stops))
+        sums.append(scores[: len(replies[-1])].float().sum())
     prior = torch.log_softmax(doc_scores.detach().float(), dim=1)  # [batch, n_docs]
     best = []
     for b in range(prior.shape[0]):
@@ -69,10 +73,7 @@ def wikirag_fast(generator, family, ids, mask, doc_scores, n_docs: int, max_new_
     found = causal_sequence_generate(generator, ids, mask, doc_scores.detach(), n_docs, mode="fast", num_beams=1,
                                      max_new_tokens=max_new_tokens, eos_token_id=stops,
                                      pad_token_id=family.pad_token_id)
-    best = []
-    for row in found.sequences[:, 1:].tolist():
-        best.append(row[: next((i + 1 for i, t in enumerate(row) if t in stops), len(row))])
-    return best
+    return [up_to_stop(row, stops) for row in found.sequences[:, 1:].tolist()]
 
 
 def main() -> int:

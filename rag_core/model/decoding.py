@@ -192,7 +192,7 @@ def _greedy(decoder: _MarginalDecoder, config: GenerationConfig, batch: int) -> 
     while True:
         logprobs = decoder.next_logprobs(tokens[running, -1])  # (running, vocab)
         picked = _constrain(logprobs.clone(), tokens.shape[1], config).argmax(dim=-1)  # (running,)
-        total[running] += logprobs.gather(1, picked.unsqueeze(1)).squeeze(1).float()
+        total[running] += logprobs.gather(1, picked.unsqueeze(1)).squeeze(1)  # float32, as the decoders return
         next_tokens = torch.full((batch,), config.pad_token_id, dtype=tokens.dtype, device=device)
         next_tokens[running] = picked
         tokens = torch.cat([tokens, next_tokens.unsqueeze(1)], dim=1)  # (batch, t + 1)
