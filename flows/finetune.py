@@ -7,8 +7,9 @@ task files (or cloze questions drawn from the index's own passages) -> dataset g
 -> the torchrun job (N DDP processes; rank 0 logs loss, dev loss and the loss curve into the run)
 -> the fine-tuned model evaluated on dev -> predictions gate (GX) -> logged as wikirag's MLflow
 flavor (weights, config and checksums: data), its index version pinned, registered, and promoted
-to ``champion`` only if it beats its own zero-shot start on dev and the current champion by ``margin`` (else
-``challenger``): a first version that does not beat the model it started from is no champion.
+to ``champion`` only if it beats its own zero-shot start on dev, by more dev answers gained than lost beyond
+chance (rag_core.evaluate.paired), and the current champion by ``margin`` (else ``challenger``): a first version
+that does not beat the model it started from is no champion.
 
 Everything comes in as parameters; ``deployed_finetune`` (the deployment's entry point) reads
 the worker's settings once.
@@ -24,6 +25,8 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from flows.generated_qa import generated_qa_files
+from rag_core.evaluate.metrics import headline_each
+from rag_core.evaluate.paired import gained_lost
 from rag_core.index.versions import read_index_manifest
 from rag_core.train.jobs import DDP_PROCESSES, PROMOTION_MARGIN, FinetuneRequest
 from rag_core.train.memory_plan import check_training_memory
@@ -48,7 +51,7 @@ from tasks.finetune import (
 )
 
 # Below this many dev examples even every answer changing for the better is within chance: a two-sided sign
-# test (rag_core.evaluate.paired.sign_test) gives 5 such answers p = 0.0625. The gate itself compares means.
+# test (rag_core.evaluate.paired.sign_test) gives 5 such answers p = 0.0625, so the gate promotes nothing.
 FEW_DEV_EXAMPLES = 6
 
 quiet_environment()
@@ -63,6 +66,8 @@ class FinetuneOutcome(BaseModel):
     metric: str
     zero_shot: float
     fine_tuned: float
+    gained: int | None = None  # dev answers better than the zero-shot start's, and worse (None: reused, or recorded
+    lost: int | None = None    # before this field)
     model_version: str
     alias: str
     reason: str
@@ -84,17 +89,21 @@ def finish_run(tracking_uri: str, run_id: str, failed: bool = False) -> None:
 
 @task(cache_policy=NO_CACHE)  # a model is no cache key: Prefect would warn on every call
 def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAccess, task_kind: str, metric: str,
-                   value: float, margin: float, print_: str, baseline: float) -> Any:
+                   value: float, margin: float, print_: str, baseline: float, changed: tuple[int, int]) -> Any:
     """Log the fine-tuned model as data into the run, pin its index, register it, gate its promotion (``baseline``:
-    the zero-shot start's value of ``metric``, which it must beat)."""
+    the zero-shot start's value of ``metric``, which it must beat; ``changed``: dev answers gained and lost against
+    it, whose split must be beyond chance)."""
     folder = scratch_dir("wikirag-register-")
     try:
         model.save_pretrained(folder)
         uri = log_rag_model(tracking_uri, run_id, folder, store_url=store.url, index_version=model.index_version)
         promotion = register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
-                             store=store.store(), index_version=model.index_version, baseline=baseline)
-        MlflowClient(tracking_uri=tracking_uri).set_model_version_tag(promotion.name, promotion.version,
-                                                                       FINGERPRINT_TAG, print_)
+                             store=store.store(), index_version=model.index_version, baseline=baseline,
+                             changed=changed)
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.set_model_version_tag(promotion.name, promotion.version, FINGERPRINT_TAG, print_)
+        for key, count in zip(("dev_answers_gained", "dev_answers_lost"), changed, strict=True):
+            client.log_metric(run_id, key, float(count))
         return promotion
     finally:
         remove_dir(folder)
@@ -155,8 +164,10 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
         gate_predictions(request.task, dev_examples, evaluation.predictions)
         record_evaluation(tracking_uri, run_id, evaluation, prefix="dev", step=result.final_step)
         metric, value = evaluation.headline
+        changed = gained_lost(*(headline_each(request.task, dev_examples, [r["prediction"] for r in e.predictions])
+                                for e in (baseline, evaluation)))
         promotion = register_model(tracking_uri, run_id, model, store, request.task, metric, value, margin, print_,
-                                   baseline.headline[1])
+                                   baseline.headline[1], changed)
     except BaseException:
         finish_run(tracking_uri, run_id, failed=True)
         raise
@@ -167,13 +178,13 @@ def finetune_task(request: FinetuneRequest, store: StoreAccess, tracking_uri: st
     log.info("%s: %s %.4f zero-shot -> %.4f fine-tuned; %s v%s is %s (%s)", request.task, metric, before, value,
              promotion.name, promotion.version, promotion.alias, promotion.reason)
     if len(dev_examples) < FEW_DEV_EXAMPLES:
-        log.warning("%s: gated on %d dev example(s): no difference on fewer than %d can be told from chance (a "
-                    "sign test needs %d answers changed the same way); give a larger --dev or --eval-examples "
-                    "before trusting the alias", request.task, len(dev_examples), FEW_DEV_EXAMPLES,
-                    FEW_DEV_EXAMPLES)
+        log.warning("%s: gated on %d dev example(s): on fewer than %d no fine-tune can be promoted (a sign test "
+                    "needs %d answers changed the same way to tell a lead from chance); give a larger --dev or "
+                    "--eval-examples", request.task, len(dev_examples), FEW_DEV_EXAMPLES, FEW_DEV_EXAMPLES)
     return FinetuneOutcome(task=request.task, run_id=run_id, index_version=index_version, dev=dev_url,
                            dev_examples=len(dev_examples), metric=metric,
-                           zero_shot=before, fine_tuned=value, model_version=promotion.version, alias=promotion.alias,
+                           zero_shot=before, fine_tuned=value, gained=changed[0], lost=changed[1],
+                           model_version=promotion.version, alias=promotion.alias,
                            reason=promotion.reason, steps=result.final_step, examples_per_s=result.examples_per_s)
 
 

@@ -47,10 +47,11 @@ def cloze_files(store: Store, index_version: str, config: ClozeConfig) -> tuple[
 
 
 FINGERPRINT_TAG = "wikirag.fingerprint"
-# The revision of the promotion rule of `wikirag finetune` (tasks.adapters.mlflow_registry.gate without
-# ``changed``): 2 = a version must also beat its own zero-shot start. Raise it when gate() places such a version
-# differently, so versions placed by the old rule are not reused. (wikirag-qa's gate has its own, tasks.qa_gate.RULE.)
-GATE_RULE = 2
+# The revision of the promotion rule of `wikirag finetune` (tasks.adapters.mlflow_registry.gate): 2 = a version
+# must also beat its own zero-shot start; 3 = by dev answers gained and lost beyond chance. Raise it when gate()
+# places such a version differently, so versions placed by the old rule are not reused. (wikirag-qa's gate has its
+# own, tasks.qa_gate.RULE.)
+GATE_RULE = 3
 
 
 def fingerprint(config: TrainConfig, evaluation: str, margin: float) -> str:
@@ -80,6 +81,9 @@ def registered_with(tracking_uri: str, task_kind: str, print_: str) -> dict[str,
     metric = version.tags["dev_metric"]
     return {"run_id": version.run_id, "metric": metric, "fine_tuned": float(version.tags["dev_metric_value"]),
             "zero_shot": run.data.metrics.get(f"zero_shot_{metric}", float("nan")),
+            **{side: int(run.data.metrics[key]) for side, key in (("gained", "dev_answers_gained"),
+                                                                   ("lost", "dev_answers_lost"))
+               if key in run.data.metrics},
             "model_version": str(version.version), "alias": alias_now(client, version.name, version.version),
             "reason": f"reused: same recipe, data, index and margin as v{version.version}",
             "steps": int(run.data.params.get("max_steps", 0))}

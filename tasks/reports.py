@@ -224,12 +224,13 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
     QAGate) and the demo ``answers`` (``answered_by``: the champion, or "zero-shot")."""
     lines = ["# wikirag: the main job", "", f"Index **{version}**: {passages:,} passages, now LATEST.", "",
              "## Fine-tuning (each task's own dev questions)", "",
-             "| task | dev metric | zero-shot | fine-tuned | model | alias | steps | dev examples |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| task | dev metric | zero-shot | fine-tuned | dev answers gained / lost | model | alias | steps "
+             "| dev examples |", "|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         n = "?" if o.dev_examples is None else o.dev_examples
-        lines.append(f"| {o.task} | {o.metric} | {o.zero_shot:.3f} | {o.fine_tuned:.3f} | wikirag-{o.task} "
-                     f"v{o.model_version} | {o.alias} | {o.steps} | {n} |")
+        changed = "?" if o.gained is None or o.lost is None else f"{o.gained} / {o.lost}"
+        lines.append(f"| {o.task} | {o.metric} | {o.zero_shot:.3f} | {o.fine_tuned:.3f} | {changed} | "
+                     f"wikirag-{o.task} v{o.model_version} | {o.alias} | {o.steps} | {n} |")
     counts = ", ".join(f"{source} {sum(c.values())}" for source, c in questions.counts.items()) or "none"
     dev = sum(c.get("dev", 0) for c in questions.counts.values())
     scored = ", ".join(f"{source} {n}" for source, n in gate.sources.items())

@@ -5,8 +5,8 @@ not sacrebleu and rouge-score.
 """
 
 _LAZY = {
-    **dict.fromkeys(("DEFAULT_KS", "HEADLINE", "EvaluationError", "bleu1", "exact_match", "f1_score", "label_match",
-                     "regex_match", "rouge_l", "score"), "rag_core.evaluate.metrics"),
+    **dict.fromkeys(("DEFAULT_KS", "HEADLINE", "EvaluationError", "bleu1", "exact_match", "f1_score", "headline_each",
+                     "label_match", "regex_match", "rouge_l", "score"), "rag_core.evaluate.metrics"),
     "normalize_answer": "rag_core.evaluate.normalize",
     **dict.fromkeys(("QBleuWeights", "answerability", "qbleu1"), "rag_core.evaluate.qbleu"),
     **dict.fromkeys(("RetrievedPassage", "has_answer", "retrieval_scores", "retrieved_passages"),
@@ -24,6 +24,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "DEFAULT_KS", "HEADLINE", "EvaluationError", "QBleuWeights", "RetrievedPassage", "answerability", "bleu1",
-    "exact_match", "f1_score", "has_answer", "label_match", "normalize_answer", "qbleu1", "regex_match",
-    "retrieval_scores", "retrieved_passages", "rouge_l", "score",
+    "exact_match", "f1_score", "has_answer", "headline_each", "label_match", "normalize_answer", "qbleu1",
+    "regex_match", "retrieval_scores", "retrieved_passages", "rouge_l", "score",
 ]

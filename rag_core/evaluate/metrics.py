@@ -107,13 +107,15 @@ def _rouge():
     return rouge_scorer.RougeScorer(["rougeL"])
 
 
+def rouge_l_each(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> list[float]:
+    """Per example, the best ROUGE-L F-measure against any of its references (rouge-score)."""
+    return [_rouge().score_multi(list(refs), pred)["rougeL"].fmeasure for pred, refs in
+            zip(predictions, references, strict=True)]
+
+
 def rouge_l(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """Mean over examples of the best ROUGE-L F-measure against any reference (rouge-score)."""
-    if not predictions:
-        return 0.0
-    scores = [_rouge().score_multi(list(refs), pred)["rougeL"].fmeasure for pred, refs in
-              zip(predictions, references, strict=True)]
-    return sum(scores) / len(scores)
+    return _mean(rouge_l_each(predictions, references))
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -145,25 +147,41 @@ def score(kind: str, examples: Sequence[Example], predictions: Sequence[str],
     """
     _check(kind, examples, predictions, retrieved)
     golds = [e.targets for e in examples]
-    out: dict[str, float] = {"examples": float(len(examples))}
-    if kind in ("fever3", "fever2"):
-        out["accuracy"] = _mean([label_match(p, e.label or e.targets[0]) for p, e in zip(predictions, examples)])
-    elif kind == "jeopardy":
-        out["qbleu1"] = _mean([qbleu1(p, g, qbleu_weights) for p, g in zip(predictions, golds)])
+    out: dict[str, float] = {"examples": float(len(examples)),
+                             HEADLINE[kind]: _mean(_headline_each(kind, examples, predictions, qbleu_weights))}
+    if kind in ("jeopardy", "msmarco"):
         out["bleu1"] = bleu1(predictions, golds)
-        out["rouge_l"] = rouge_l(predictions, golds)
-    elif kind == "msmarco":
-        out["bleu1"] = bleu1(predictions, golds)
-        out["rouge_l"] = rouge_l(predictions, golds)
-    else:
-        out["em"] = _mean([exact_match(p, g) for p, g in zip(predictions, golds)])
+        if "rouge_l" not in out:  # jeopardy's: its headline is qbleu1
+            out["rouge_l"] = rouge_l(predictions, golds)
+    elif kind not in ("fever3", "fever2"):
+        if "em" not in out:
+            out["em"] = _mean([exact_match(p, g) for p, g in zip(predictions, golds)])
         out["f1"] = _mean([f1_score(p, g) for p, g in zip(predictions, golds)])
-        if kind == "curatedtrec":
-            out["regex_match"] = _mean([regex_match(p, e.answer_regex or re.escape(e.targets[0]))
-                                        for p, e in zip(predictions, examples)])
     if retrieved is not None:
         out.update(retrieval_metrics(kind, examples, retrieved, ks))
     return out
+
+
+def headline_each(kind: str, examples: Sequence[Example], predictions: Sequence[str]) -> list[float]:
+    """Each example's value of the kind's headline metric (:data:`HEADLINE`), in order: the per-question scores a
+    gate compares two models by (rag_core.evaluate.paired), whose mean :func:`score` reports."""
+    _check(kind, examples, predictions, None)
+    return _headline_each(kind, examples, predictions, SQUAD_WEIGHTS)
+
+
+def _headline_each(kind: str, examples: Sequence[Example], predictions: Sequence[str],
+                   qbleu_weights: QBleuWeights) -> list[float]:
+    pairs = list(zip(predictions, examples, strict=True))
+    metric = HEADLINE[kind]
+    if metric == "accuracy":
+        return [label_match(p, e.label or e.targets[0]) for p, e in pairs]
+    if metric == "qbleu1":
+        return [qbleu1(p, e.targets, qbleu_weights) for p, e in pairs]
+    if metric == "rouge_l":
+        return rouge_l_each(predictions, [e.targets for e in examples])
+    if metric == "regex_match":
+        return [regex_match(p, e.answer_regex or re.escape(e.targets[0])) for p, e in pairs]
+    return [exact_match(p, e.targets) for p, e in pairs]
 
 
 def retrieval_metrics(kind: str, examples: Sequence[Example], retrieved: Sequence[Sequence[RetrievedPassage]],

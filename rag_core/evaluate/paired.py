@@ -14,12 +14,13 @@ from collections.abc import Sequence
 
 
 def gained_lost(first: Sequence[float], second: Sequence[float]) -> tuple[int, int]:
-    """``(gained, lost)``: questions the second model gets right and the first wrong, and the reverse, from each
-    model's per-question score (1 right, 0 wrong; EM or answer-in-output), in the same question order."""
+    """``(gained, lost)``: questions the second model scores higher than the first, and the reverse, from each
+    model's per-question score in the same question order (1 right, 0 wrong for EM or answer-in-output: gained
+    is then right where the first was wrong; graded scores such as ROUGE-L count any rise or fall)."""
     if len(first) != len(second):
         raise ValueError(f"the two models scored {len(first)} and {len(second)} questions; give the same questions")
-    gained = sum(1 for a, b in zip(first, second, strict=True) if b and not a)
-    lost = sum(1 for a, b in zip(first, second, strict=True) if a and not b)
+    gained = sum(1 for a, b in zip(first, second, strict=True) if b > a)
+    lost = sum(1 for a, b in zip(first, second, strict=True) if a > b)
     return gained, lost
 
 

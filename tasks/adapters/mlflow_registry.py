@@ -133,8 +133,8 @@ def gate(name: str, metric: str, value: float, margin: float, champion_version: 
     """``(alias, reason)`` for a new version of ``name`` scoring ``value``: champion when it beats its zero-shot
     ``baseline`` (when given; strictly; with ``changed``, its answers gained and lost against it question by
     question, by more than chance: rag_core.evaluate.paired.beyond_chance) and the current champion's value by
-    ``margin`` (or there is none), else challenger. A change to the rule without ``changed`` raises
-    tasks.finetune.GATE_RULE, one to the rule with it tasks.qa_gate.RULE (rerun versions are then placed anew)."""
+    ``margin`` (or there is none), else challenger. A change to the rule raises tasks.finetune.GATE_RULE and
+    tasks.qa_gate.RULE (rerun versions are then placed anew)."""
     if baseline is not None and value <= baseline:
         return CHALLENGER, (f"{metric} {value:.4f} does not beat its zero-shot start's {baseline:.4f}: "
                             "kept as challenger")

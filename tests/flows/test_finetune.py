@@ -58,12 +58,14 @@ def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, 
     # version of wikirag-nq does not beat its zero-shot start and is registered as challenger, not champion.
     assert outcome["zero_shot"] == outcome["fine_tuned"] == 0.0 and outcome["alias"] == "challenger"
     assert outcome["reason"] == "em 0.0000 does not beat its zero-shot start's 0.0000: kept as challenger"
+    assert (outcome["gained"], outcome["lost"]) == (0, 0)  # no dev answer changed
     assert outcome["index_version"] == version
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(outcome["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
     assert {"zero_shot_em", "dev_em", "dev_f1", "zero_shot_f1", "final_loss"} <= set(run.data.metrics)
+    assert (run.data.metrics["dev_answers_gained"], run.data.metrics["dev_answers_lost"]) == (0.0, 0.0)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
     assert {"dev", "zero_shot", "plots", "promotion.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     assert [v.run_id for v in client.search_model_versions("name='wikirag-nq'")] == [run.info.run_id]
@@ -79,7 +81,7 @@ def test_finetune_trains_with_two_processes_evaluates_and_registers(wiki: Path, 
                    "--n-docs", "2", "--eval-examples", "5", "--train-layers", "1")
     assert partial.returncode == 0, partial.stderr[-4000:]
     # 5 dev examples: no gate on them can tell a fine-tune from chance, and the run says so; 6 can
-    assert "nq: gated on 5 dev example(s): no difference on fewer than 6 can be told from chance" in partial.stderr
+    assert "nq: gated on 5 dev example(s): on fewer than 6 no fine-tune can be promoted" in partial.stderr
     assert "gated on 6 dev example(s)" not in tuned.stderr
     second = json.loads(partial.stdout.strip().splitlines()[-1])
     assert second["run_id"] != outcome["run_id"] and second["model_version"] == "2" and second["steps"] == 3

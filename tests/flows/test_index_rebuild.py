@@ -323,11 +323,14 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert "model dtype float32 on cpu: " in proc.stderr or "model dtype bfloat16 on cpu: " in proc.stderr
     summary = proc.stdout
     # Fine-tuned on QA generated from the new index's passages (its own gate on generated dev questions) ...
-    # (champion only if it beat its own zero-shot start there, as every `wikirag finetune` is gated)
+    # (champion only if it beat its own zero-shot start there by more than chance, as every `wikirag finetune` is
+    # gated)
     row = summary.split("| generated-qa | em | ", 1)[1].split("\n", 1)[0].split(" | ")
     zero_shot_dev, fine_tuned_dev = float(row[0]), float(row[1])
-    assert row[2:5] == ["wikirag-generated-qa v1", "champion" if fine_tuned_dev > zero_shot_dev else "challenger", "2"]
-    dev_examples = int(row[5].removesuffix(" |"))  # how many dev questions decided it: checked against MLflow below
+    gained_dev, lost_dev = (int(n) for n in row[2].split(" / "))
+    beat = fine_tuned_dev > zero_shot_dev and beyond_chance(gained_dev, lost_dev)
+    assert row[3:6] == ["wikirag-generated-qa v1", "champion" if beat else "challenger", "2"]
+    dev_examples = int(row[6].removesuffix(" |"))  # how many dev questions decided it: checked against MLflow below
     # ... then gated on the real held-out questions that these 14 articles answer: wikirag-qa is champion only if
     # it beats its zero-shot start there, and the summary says which with the numbers.
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
@@ -381,6 +384,9 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert recipe_run.params["weight_mix"] == "0.5" and "mixed_dev_loss" in recipe_run.metrics
     scored = Path(client.download_artifacts(trained.run_id, "dev/predictions.jsonl", str(tmp_path)))
     assert len(scored.read_text().splitlines()) == dev_examples > 0
+    # the changed answers explain the dev means, and the run records them
+    assert gained_dev - lost_dev == round((fine_tuned_dev - zero_shot_dev) * dev_examples)
+    assert (recipe_run.metrics["dev_answers_gained"], recipe_run.metrics["dev_answers_lost"]) == (gained_dev, lost_dev)
     assert trained.tags["index_version"] == qa.tags["index_version"] == manifest["version"]
     assert {a.path for a in client.list_artifacts(trained.run_id, "plots")} >= {
         "plots/real_questions.png", "plots/metrics_per_task.png", "plots/retrieval_recall.png",
@@ -391,7 +397,8 @@ def test_main_job_builds_an_index_of_real_articles_and_answers(articles: list, w
     assert "reusing wikirag-generated-qa v1" in again.stderr  # same dump, recipe and index: nothing retrained
     [alias] = client.get_model_version("wikirag-generated-qa", "1").aliases  # champion or challenger, kept
     assert f"reusing wikirag-generated-qa v1, {alias} now" in again.stderr, again.stderr[-3000:]
-    assert f"wikirag-generated-qa v1 | {alias} | 2 | {dev_examples} |" in again.stdout, again.stdout[-3000:]
+    assert (f"| {gained_dev} / {lost_dev} | wikirag-generated-qa v1 | {alias} | 2 | {dev_examples} |"
+            in again.stdout), again.stdout[-3000:]
     assert "gated before on the same" in again.stderr  # nor evaluated or registered again
     assert len(client.search_model_versions("name='wikirag-qa'")) == 1
     assert read_manifest(store)["version"] == manifest["version"]

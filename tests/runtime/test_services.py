@@ -318,7 +318,7 @@ def test_services_run_the_deployments_on_real_engines(services: Services, wiki: 
                             "--watch", "--watch-timeout", "400"],
                            env=client_env, cwd=ROOT, capture_output=True, text=True, timeout=450)
     assert tuned.returncode == 0 and "Completed" in tuned.stdout, tuned.stdout[-3000:]
-    # version 1 by number: champion only if it beat its zero-shot start, which a random tiny generator may not
+    # version 1 by number: 4 dev examples never make a champion (below)
     consumer = ("import json, mlflow; m = mlflow.pyfunc.load_model('models:/wikirag-cloze/1'); "
                 "print(json.dumps(m.predict(['Who was Achilles?'])))")
     loaded = subprocess.run([sys.executable, "-c", consumer], env=client_env, cwd=tmp_path, capture_output=True,
@@ -334,8 +334,9 @@ def test_services_run_the_deployments_on_real_engines(services: Services, wiki: 
     assert read.returncode == 0, read.stderr[-3000:]
     registered = json.loads(read.stdout.strip().splitlines()[-1])
     assert registered["tags"]["index_version"] == version and registered["tags"]["store"] == "s3://wikirag/store"
-    beat = registered["metrics"]["dev_em"] > registered["metrics"]["zero_shot_em"]
-    assert registered["aliases"] == ["champion" if beat else "challenger"], registered
+    # 4 dev examples: any lead on them is within chance, so the gate never promotes (the worker ran its rule)
+    assert {"dev_answers_gained", "dev_answers_lost"} <= set(registered["metrics"])
+    assert registered["aliases"] == ["challenger"], registered
 
     # checked last: the server's scheduler wakes every 60 s, so the deployment runs above overlap that wait
     query = {"deployments": {"id": {"any_": [deployments["index-rebuild-enwiki"]["id"]]}},

@@ -12,6 +12,7 @@ from rag_core.evaluate import (
     bleu1,
     exact_match,
     f1_score,
+    headline_each,
     label_match,
     normalize_answer,
     regex_match,
@@ -105,6 +106,23 @@ def test_score_on_real_dev_files(kind: str, relative: str) -> None:
     assert perfect[HEADLINE[kind]] == pytest.approx(1.0) and perfect["examples"] == len(examples)
     wrong = score(kind, examples, ["zzz"] * len(examples))
     assert wrong[HEADLINE[kind]] == 0.0
+    # the per-example headline a gate pairs two models by: 1 where the answer is the gold one, 0 where it is
+    # nonsense, and its mean is the headline score() reports
+    mixed = [p if i % 2 else "zzz" for i, p in enumerate(_perfect(examples))]
+    each = headline_each(kind, examples, mixed)
+    assert each == pytest.approx([float(i % 2) for i in range(len(examples))])
+    assert sum(each) / len(each) == pytest.approx(score(kind, examples, mixed)[HEADLINE[kind]])
+
+
+def test_the_per_example_headline_is_graded_where_the_metric_is() -> None:
+    example = Example("1", "q", ("the cat was found under the bed",), "msmarco")
+    # ROUGE-L worked by hand above: 12/13 for the near miss
+    assert headline_each("msmarco", [example] * 2, ["the cat was under the bed", "the cat was found under the bed"]
+                         ) == pytest.approx([12 / 13, 1.0])
+    (trec,) = [e for e in load_task("curatedtrec", str(qa_file("curatedtrec/large2180-train.tsv"))) if e.id == "1756"]
+    assert headline_each("curatedtrec", [trec], ["Sept"]) == [1.0]  # the regex, not the derived text
+    with pytest.raises(EvaluationError, match="2 predictions for 1 nq examples"):
+        headline_each("nq", [Example("1", "q", ("a",), "nq")], ["a", "b"])
 
 
 def test_fever_accuracy_counts_labels() -> None:

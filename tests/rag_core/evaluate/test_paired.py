@@ -18,6 +18,12 @@ def test_changed_answers_are_counted_each_way_and_agreements_are_not() -> None:
         gained_lost([1, 0], [1, 0, 1])
 
 
+def test_graded_scores_count_every_rise_and_fall() -> None:
+    start = [0.5, 0.2, 0.9, 0.0]
+    tuned = [0.6, 0.2, 0.1, 0.3]  # rises on 0 and 3, falls on 2, ties on 1
+    assert gained_lost(start, tuned) == (2, 1)
+
+
 @pytest.mark.parametrize(("gained", "lost", "p"), [
     (0, 0, 1.0),  # nothing changed: no evidence
     (3, 3, 1.0),  # an even split
