@@ -244,8 +244,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
              **({"Prefect UI": persistent.removesuffix("/api")} if persistent else
                 {"Prefect UI (a server kept for the next runs)": "wikirag server start"}),
-             "ask": 'wikirag ask "your question" (zero-shot RAG); with --model models:/wikirag-qa@champion '
-                    "once a fine-tune has been promoted"}
+             "ask zero-shot RAG": 'wikirag ask "your question"'}
     with prefect_api(settings.prefect_home, meanwhile=fetch_inputs):
         from flows.pipeline import pipeline
 

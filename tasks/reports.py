@@ -128,7 +128,8 @@ def plot_recall(metrics: dict[str, dict[str, float]], path: Path) -> Path | None
     axes.set_xlabel("k (passages retrieved)")
     axes.set_ylabel("recall@k")
     axes.set_ylim(0, 1.05)
-    axes.set_title("Retrieval recall@k")
+    axes.set_title("Retrieval recall@k" + ("\n(generated QA keeps only questions that find their passage)"
+                                           if "generated-qa" in metrics else ""), fontsize=10)
     axes.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path)
@@ -256,7 +257,14 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
         for p in item["provenance"][:3]:
             similarity = f", similarity {p['similarity']:.2f}" if "similarity" in p else ""
             lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f}{similarity})")
+        if item.get("weak_match") is not None:
+            best = max(p["similarity"] for p in item["provenance"])
+            lines.append(f"  - weak match: the closest passage's similarity is {best:.2f}, under "
+                         f"{item['weak_match']:.2f}; the index likely does not hold this answer")
     lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
+    if gate.version:  # the gated model by name, as consumers load it
+        handle = "@champion" if gate.alias == "champion" else f"/{gate.version}"
+        lines.append(f"- ask the fine-tune: `wikirag ask --model models:/{gate.name}{handle} \"your question\"`")
     lines += [f"- plot: `{p}`" for p in plots]
     return "\n".join(lines) + "\n"
 

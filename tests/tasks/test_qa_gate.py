@@ -22,7 +22,7 @@ from rag_core.train.loaders import load_task
 from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
 from tasks.adapters.mlflow_tracking import tracked_run
 from tasks.qa_gate import QA_TASK, ModelScores, QAGate, qa_answers, qa_gate, real_question_files, rejudge_champion
-from tasks.reports import gate_sentence
+from tasks.reports import gate_sentence, summary_markdown
 from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.generatorfiles import save_tiny_llama
 from tests.helpers.passagefiles import publish_small_index, sample_passages
@@ -156,6 +156,34 @@ def test_the_summary_says_how_many_answers_changed_each_way_and_whether_that_is_
     assert before.endswith("on 40 held-out questions).") and "Question by question" not in before
 
 
+def test_the_summary_marks_weak_matches_and_names_the_gated_model_as_consumers_load_it() -> None:
+    from types import SimpleNamespace
+
+    from flows.finetune import FinetuneOutcome
+
+    questions = SimpleNamespace(counts={"written": {"dev": 10, "test": 40}}, test_size=40, notes=[])
+    tuned = FinetuneOutcome(task="generated-qa", run_id="r", index_version="v", dev_examples=8, metric="em",
+                            zero_shot=0.375, fine_tuned=0.625, gained=2, lost=0, model_version="1",
+                            alias=CHALLENGER, reason="", steps=24, examples_per_s=None)
+    answers = [{"question": "Which planet did Galileo observe moons around?", "answer": "Jupiter", "weak_match": 0.5,
+                "provenance": [{"title": "Apollo 8", "passage_id": "a-1", "score": 0.51, "similarity": 0.44},
+                               {"title": "Apollo 8", "passage_id": "a-2", "score": 0.49, "similarity": 0.40}]},
+               {"question": "Who was the teacher of Alexander the Great?", "answer": "Aristotle", "weak_match": None,
+                "provenance": [{"title": "Aristotle", "passage_id": "b-1", "score": 1.0, "similarity": 0.64}]}]
+    markdown = summary_markdown("v", 100, [tuned], questions, _report(14, 15, gained=3, lost=2), "zero-shot",
+                                answers, [], {})
+    assert "| generated-qa | em | 0.375 | 0.625 | 2 / 0 | wikirag-generated-qa v1 | challenger | 24 | 8 |" in markdown
+    galileo = markdown.split("**Which planet did Galileo observe moons around?**", 1)[1].splitlines()
+    assert galileo[3] == ("  - weak match: the closest passage's similarity is 0.44, under 0.50; the index likely "
+                          "does not hold this answer")
+    teacher = markdown.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
+    assert "weak match" not in teacher[2]
+    assert '- ask the fine-tune: `wikirag ask --model models:/wikirag-qa/2 "your question"`' in markdown
+    promoted = summary_markdown("v", 100, [tuned], questions, _report(14, 22, gained=9, lost=1), "wikirag-qa v2",
+                                answers, [], {})
+    assert '- ask the fine-tune: `wikirag ask --model models:/wikirag-qa@champion "your question"`' in promoted
+
+
 def test_real_questions_split_and_answerability(wiki: Path) -> None:
     table = sample_passages().slice(0, 400)
     texts: dict[str, list[str]] = {}
@@ -213,3 +241,4 @@ def test_a_model_no_better_than_zero_shot_is_registered_but_not_champion(small_i
 
     who, answers = qa_answers(uri, start, ["Who was the teacher of Alexander the Great?"])
     assert who == "zero-shot" and answers[0]["provenance"]
+    assert answers[0]["weak_match"] is None  # a tiny random encoder has no measured threshold
