@@ -70,6 +70,14 @@ def _up_to_a_document(questions: Iterable[tuple[str, str]], refused: list[str]) 
         yield question
 
 
+def zero_shot_choices(args: argparse.Namespace) -> list[str]:
+    """The flags given that shape only the zero-shot model (a value other than the default counts as given)."""
+    defaults = {"generator": None, "kind": TrainConfig.model_fields["kind"].default, "n_docs": ShortRun().n_docs,
+                "dtype": inspect.signature(load_model).parameters["dtype"].default}
+    return [f"--{name.replace('_', '-')} {getattr(args, name)}" for name, default in defaults.items()
+            if getattr(args, name) != default]
+
+
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from cli.search import located_questions
     from rag_core.errors import WikiragError
@@ -88,6 +96,10 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     if args.model:  # a registered model: its own generator, question encoder and index binding
         from tasks.evaluation import load_registered_model
 
+        if chosen := zero_shot_choices(args):
+            raise WikiragError(f"{', '.join(chosen)}: choose the zero-shot model's parts; {args.model} brings its "
+                               "own generator, kind, passages per question and dtype: drop them, or drop --model")
+
         model = load_registered_model(args.model, settings.tracking_uri, args.index)
     else:
         model = load_model(settings, index=args.index, generator=args.generator, kind=args.kind, n_docs=args.n_docs,
@@ -103,7 +115,8 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """``wikirag ask QUESTION... [--questions FILE] [--index V] [--generator DIR] [--kind] [--n-docs] [--closed-book]``."""
-    ask = sub.add_parser("ask", help="answer questions from the index with the default generator (zero-shot)")
+    ask = sub.add_parser("ask", help="answer questions from the index with the default generator (zero-shot), or "
+                         "with a registered model (--model)")
     ask.add_argument("question", nargs="*", help="questions, one per argument")
     ask.add_argument("--questions", metavar="FILE", help="a file with one question per line ('-' for stdin)")
     add_store(ask)
@@ -112,7 +125,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--index", "--version", dest="index", metavar="VERSION",
                      help="index version, as search's --version (default: LATEST, or the model's own)")
     ask.add_argument("--generator", metavar="DIR", help="local generator folder, seq2seq or decoder-only "
-                     "(default: the one `wikirag models fetch` installs)")
+                     "(default: the one `wikirag models fetch` installs); this, --kind, --n-docs and --dtype shape "
+                     "the zero-shot model: a registered model (--model) brings its own")
     config_option(ask, "--kind", TrainConfig, "kind", "RAG-Sequence or RAG-Token marginalisation (default {default})",
                   keep_default=True)
     config_option(ask, "--n-docs", ShortRun, "n_docs", "passages per question, 1 to " + str(MAX_N_DOCS) +

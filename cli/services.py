@@ -43,8 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """``wikirag services up|down|status|env``."""
     defaults = ServicePorts.model_fields
     p = sub.add_parser(
-        "services", help="start/stop the real engines on 127.0.0.1 (S3, MLflow, Prefect + worker, Dask)",
-        description=services.__doc__.split("\n\n")[0] + " Ports: " + ", ".join(
+        "services", help="up|down|status|env: the real engines on 127.0.0.1 (S3, MLflow, Prefect + worker, Dask)",
+        description=services.__doc__.split("\n\n")[0].replace("``", "") + " Ports: " + ", ".join(
             f"WIKIRAG_{k.upper()} (default {v.default})" for k, v in defaults.items()) + ".")
     p.add_argument("action", choices=["up", "down", "status", "env"],
                    help="up: start what is not running; down: stop them; status: what runs where; "

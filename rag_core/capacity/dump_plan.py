@@ -34,8 +34,9 @@ def plan_rebuild(dump: str, index: str | None, budget: Budget, encoder: EncoderC
     makes the same test on its own vectors
     (:func:`~rag_core.index.faiss_index.train_version_index`).
     """
-    source, index_source = DumpSource(dump), DumpSource(index or default_index(dump))
-    dump_bytes = _size(source)
+    source = DumpSource(dump)
+    dump_bytes = _size(source)  # a missing dump is named as such before its index is looked for
+    index_source = DumpSource(index or default_index(dump))
     streams = read_streams(index_source, dump_bytes)
     pages = sum(len(s.page_ids) for s in streams)
     sampled, vectors = sample_rates(source, streams, dump_bytes, encoder, n_streams=n_streams)

@@ -54,6 +54,14 @@ def test_a_rebuild_that_does_not_fit_is_refused_in_one_line(dump, home: Path,
     assert "does NOT fit" in out  # the figures are printed above the refusal
 
 
+def test_a_missing_dump_is_named_as_missing_not_as_one_without_an_index(home: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    missing = tmp_path / "enwiki-pages-articles.xml.bz2"  # no multistream name either: the missing file comes first
+    code, out, err = wikirag(capsys, "plan", str(missing))
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines()[-1] == f"wikirag: error: {missing}: no such file; check the path or URL"
+
+
 def test_a_malformed_index_is_named(dump, home: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path, _, tiny = dump
     bad = tmp_path / "enwiki-bad-index.txt.bz2"

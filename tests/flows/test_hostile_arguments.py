@@ -36,6 +36,9 @@ CASES = {
                  "--n-docs must be 1 to 20, got 0"),
     "n-docs 100": (["ask", "Who was Achilles?", "--n-docs", "100", "--generator", "{generator}"],
                    "--n-docs must be 1 to 20, got 100: RAG-Sequence scores each passage's reply against every passage"),
+    "ask a registered model with zero-shot flags": (
+        ["ask", "Who was Achilles?", "--model", "models:/wikirag-qa/1", "--n-docs", "5", "--kind", "token"],
+        "--kind token, --n-docs 5: choose the zero-shot model's parts; models:/wikirag-qa/1 brings its own"),
     "empty question": (["search", ""], "no questions: give them as arguments"),
     "blank question": (["search", "  \t "], "no questions: give them as arguments"),
     "empty ask": (["ask", "", "--generator", "{generator}"], "no questions: give them as arguments"),
