@@ -390,7 +390,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in (indexes, ask, generated_qa, train, models, refresh, dumps, services, plan):
         module.add_parser(sub)
+    _verbose_after_commands(parser, set())
     return parser
+
+
+def _verbose_after_commands(parser: argparse.ArgumentParser, seen: set[int]) -> None:
+    """``-v`` after a command too (``wikirag ingest DUMP -v``), at every level; SUPPRESS keeps one given before
+    the command from being reset by the command's parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if id(child) not in seen:  # an alias maps to the same parser
+                    seen.add(id(child))
+                    child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                       help="debug logs and full tracebacks (also before the command)")
+                    _verbose_after_commands(child, seen)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -39,6 +39,17 @@ def test_no_flag_means_the_config_classes_defaults() -> None:
     assert index.recall_target == IndexConfig().recall_target and ingest.words_per_passage == 100
 
 
+@pytest.mark.parametrize(("argv", "verbose"), [
+    (["plan", "dump.xml.bz2", "-v"], True),  # after the command
+    (["-v", "plan", "dump.xml.bz2"], True),  # before it, not reset by the command's parser
+    (["plan", "dump.xml.bz2"], False),
+    (["indexes", "list", "--verbose"], True),  # after a command's own action
+    (["models", "rollback", "wikirag-qa", "-v"], True),
+])
+def test_verbose_is_taken_before_or_after_the_command(argv: list[str], verbose: bool) -> None:
+    assert build_parser().parse_args(argv).verbose is verbose
+
+
 def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFixture) -> None:
     rebuild = help_text(capsys, "index-rebuild")
     assert f"(default {IndexConfig().recall_target})" in rebuild and f"(default {IndexConfig().factory}:" in rebuild
