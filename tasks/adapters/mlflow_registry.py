@@ -32,6 +32,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import mlflow
 from mlflow import MlflowClient
@@ -240,6 +241,28 @@ class Rollback:
     from_version: str
     to_version: str
     index_version: str
+
+
+def registered_versions(tracking_uri: str, name: str | None = None) -> list[dict[str, Any]]:
+    """Every version of each ``wikirag-*`` registered model (or of ``name``), by model name then version: its
+    aliases, the metric its gate judged, its index binding and the gate's reason, all from tags (text: nothing
+    read here runs)."""
+    check_reachable(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    models = [m for m in client.search_registered_models() if m.name.startswith(model_name(""))
+              and (name is None or m.name == name)]
+    rows = []
+    for model in sorted(models, key=lambda m: m.name):
+        aliases: dict[str, list[str]] = {}
+        for alias, version in (model.aliases or {}).items():
+            aliases.setdefault(str(version), []).append(alias)
+        for version in sorted(client.search_model_versions(f"name='{model.name}'"), key=lambda v: int(v.version)):
+            tags = version.tags
+            rows.append({"name": model.name, "version": str(version.version),
+                         "aliases": sorted(aliases.get(str(version.version), [])), "metric": tags.get("dev_metric"),
+                         "value": float(tags["dev_metric_value"]) if "dev_metric_value" in tags else None,
+                         "index_version": tags.get("index_version"), "promotion": tags.get("promotion")})
+    return rows
 
 
 def rollback(tracking_uri: str, name: str, open_store: Callable[[str], Store]) -> Rollback:

@@ -17,11 +17,20 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from cli.wikirag import main
 from rag_core.errors import WikiragError
 from rag_core.index.retention import delete_version, version_pins
 from rag_core.index.version_names import IndexVersionError
 from rag_core.storage import Store
-from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, pin_name, register
+from tasks.adapters.mlflow_registry import (
+    CHALLENGER,
+    CHAMPION,
+    log_rag_model,
+    model_name,
+    pin_name,
+    register,
+    registered_versions,
+)
 from tasks.adapters.mlflow_tracking import tracked_run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,7 +43,8 @@ def _registered(uri: str, store: Store, version: str, model_dir: Path, value: fl
                         store=store, index_version=version)
 
 
-def test_promotion_gate_both_ways_with_the_index_pinned(bound_model, tmp_path: Path) -> None:
+def test_promotion_gate_both_ways_with_the_index_pinned(bound_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
     store, version, model_dir = bound_model
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -56,6 +66,19 @@ def test_promotion_gate_both_ways_with_the_index_pinned(bound_model, tmp_path: P
     assert [p for p in version_pins(store, version) if p.startswith("mlflow:")] == pins  # no pending pin is left
     with pytest.raises(IndexVersionError, match=re.escape(pin_name(name, "1"))):
         delete_version(store, version, force=True)
+
+    # what a consumer can load, and under which alias: v1 lost the champion alias to v3
+    rows = registered_versions(uri)
+    assert [(r["name"], r["version"], r["aliases"], r["value"]) for r in rows] == [
+        (name, "1", [], 0.30), (name, "2", [CHALLENGER], 0.305), (name, "3", [CHAMPION], 0.40)]
+    assert rows[1]["index_version"] == version and "kept as challenger" in rows[1]["promotion"]
+    assert registered_versions(uri, "wikirag-nq") == []
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["models", "registered"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{name}\tv1\t-\tem 0.300\tindex {version}",
+                     f"{name}\tv2\tchallenger\tem 0.305\tindex {version}",
+                     f"{name}\tv3\tchampion\tem 0.400\tindex {version}"]
 
 
 @pytest.mark.parametrize("failure", ["index version missing", "store refuses the pin"])
