@@ -243,11 +243,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     where = {"store": settings.store_url,
              "MLflow UI": f"mlflow ui --backend-store-uri {settings.tracking_uri} --host 127.0.0.1",
              **({"Prefect UI": persistent.removesuffix("/api")} if persistent else
-                {"Prefect UI (a server kept for the next runs)": "wikirag server start"}),
-             "ask zero-shot RAG": 'wikirag ask "your question"'}
+                {"Prefect UI (a server kept for the next runs)": "wikirag server start"})}
     with prefect_api(settings.prefect_home, meanwhile=fetch_inputs):
         from flows.pipeline import pipeline
+        from tasks.reports import ASK, ASK_KEY
 
+        where[ASK_KEY] = ASK.replace("wikirag ", f"wikirag --home {args.home} ", 1) if args.home else ASK
         if not log.isEnabledFor(logging.DEBUG):
             quiet_expected_tracebacks()
         summary = pipeline(dump=inputs["dump"], store=settings.store_access(),

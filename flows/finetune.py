@@ -66,8 +66,8 @@ class FinetuneOutcome(BaseModel):
     metric: str
     zero_shot: float
     fine_tuned: float
-    gained: int | None = None  # dev answers better than the zero-shot start's, and worse (None: reused, or recorded
-    lost: int | None = None    # before this field)
+    gained: int | None = None  # dev answers better than the zero-shot start's, and worse (None: the run logged no
+    lost: int | None = None    # counts, as before gate rule 3)
     model_version: str
     alias: str
     reason: str
@@ -92,7 +92,10 @@ def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAcces
                    value: float, margin: float, print_: str, baseline: float, changed: tuple[int, int]) -> Any:
     """Log the fine-tuned model as data into the run, pin its index, register it, gate its promotion (``baseline``:
     the zero-shot start's value of ``metric``, which it must beat; ``changed``: dev answers gained and lost against
-    it, whose split must be beyond chance)."""
+    it, whose split must be beyond chance, logged into the run first: a reused version shows them)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    for key, count in zip(("dev_answers_gained", "dev_answers_lost"), changed, strict=True):
+        client.log_metric(run_id, key, float(count))
     folder = scratch_dir("wikirag-register-")
     try:
         model.save_pretrained(folder)
@@ -100,10 +103,8 @@ def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAcces
         promotion = register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
                              store=store.store(), index_version=model.index_version, baseline=baseline,
                              changed=changed)
-        client = MlflowClient(tracking_uri=tracking_uri)
-        client.set_model_version_tag(promotion.name, promotion.version, FINGERPRINT_TAG, print_)
-        for key, count in zip(("dev_answers_gained", "dev_answers_lost"), changed, strict=True):
-            client.log_metric(run_id, key, float(count))
+        MlflowClient(tracking_uri=tracking_uri).set_model_version_tag(promotion.name, promotion.version,
+                                                                       FINGERPRINT_TAG, print_)
         return promotion
     finally:
         remove_dir(folder)

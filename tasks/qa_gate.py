@@ -219,8 +219,8 @@ def _test_examples(questions: RealQuestions, store: Store) -> list[Any]:
 @task(cache_policy=NO_CACHE)
 def qa_answers(tracking_uri: str, zero_shot: Any, questions: list[str]) -> tuple[str, list[dict]]:
     """``(who, answers)``: the ``wikirag-qa`` champion's answers with provenance, loaded by name as a consumer
-    would; the zero-shot model's when there is no champion (who says which), each with ``weak_match``: the
-    threshold its top passage's similarity falls below, or None (rag_core.model.answers.weak_match)."""
+    would; the zero-shot model's when there is no champion (who says which), those each with ``weak_match``:
+    the threshold its top passage's similarity falls below, or None (rag_core.model.answers.weak_match)."""
     from rag_core.model.answers import answer, weak_match
 
     client = MlflowClient(tracking_uri=tracking_uri)

@@ -218,6 +218,9 @@ def changes_sentence(gained: int, lost: int) -> str:
             f"start answered: {verdict} (two-sided sign test, p = {p:.3f}).")
 
 
+ASK_KEY, ASK = "ask zero-shot RAG", 'wikirag ask "your question"'  # the summary's ask line (cli: with --home)
+
+
 def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], questions: Any, gate: Any,
                      answered_by: str, answers: Sequence[dict[str, Any]], plots: Sequence[str],
                      where: dict[str, str]) -> str:
@@ -262,9 +265,10 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
             lines.append(f"  - weak match: the closest passage's similarity is {best:.2f}, under "
                          f"{item['weak_match']:.2f}; the index likely does not hold this answer")
     lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
-    if gate.version:  # the gated model by name, as consumers load it
+    if gate.version:  # the gated model by name, as consumers load it, with the workspace flags of the ask above
         handle = "@champion" if gate.alias == "champion" else f"/{gate.version}"
-        lines.append(f"- ask the fine-tune: `wikirag ask --model models:/{gate.name}{handle} \"your question\"`")
+        ask = where.get(ASK_KEY, ASK).replace(" ask ", f" ask --model models:/{gate.name}{handle} ", 1)
+        lines.append(f"- ask the fine-tune: `{ask}`")
     lines += [f"- plot: `{p}`" for p in plots]
     return "\n".join(lines) + "\n"
 

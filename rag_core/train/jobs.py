@@ -21,7 +21,7 @@ class Launch(BaseModel):
 
 class PromotionGate(BaseModel):
     """When a fine-tuned model takes the ``champion`` alias: its dev metric beats its own zero-shot start's
-    (strictly) and the current champion's by ``margin``."""
+    (strictly, by dev answers gained and lost beyond chance) and the current champion's by ``margin``."""
 
     margin: float = Field(0.0, ge=0.0, description="beat the current champion's dev metric by this much")
 

@@ -249,8 +249,13 @@ def registered_versions(tracking_uri: str, name: str | None = None) -> list[dict
     read here runs)."""
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
-    models = [m for m in client.search_registered_models() if m.name.startswith(model_name(""))
-              and (name is None or m.name == name)]
+    models, token = [], None
+    while True:  # every page: a registry may hold more models than one answer carries
+        page = client.search_registered_models(filter_string=f"name = '{name}'" if name and "'" not in name
+                                               else None, page_token=token)
+        models += [m for m in page if m.name.startswith(model_name("")) and (name is None or m.name == name)]
+        if not (token := page.token):
+            break
     rows = []
     for model in sorted(models, key=lambda m: m.name):
         aliases: dict[str, list[str]] = {}
@@ -260,9 +265,17 @@ def registered_versions(tracking_uri: str, name: str | None = None) -> list[dict
             tags = version.tags
             rows.append({"name": model.name, "version": str(version.version),
                          "aliases": sorted(aliases.get(str(version.version), [])), "metric": tags.get("dev_metric"),
-                         "value": float(tags["dev_metric_value"]) if "dev_metric_value" in tags else None,
+                         "value": _number(tags.get("dev_metric_value")),
                          "index_version": tags.get("index_version"), "promotion": tags.get("promotion")})
     return rows
+
+
+def _number(tag: str | None) -> float | None:
+    """A tag's number, or None where it is absent or not one (a tag is text anyone with access can set)."""
+    try:
+        return float(tag) if tag is not None else None
+    except ValueError:
+        return None
 
 
 def rollback(tracking_uri: str, name: str, open_store: Callable[[str], Store]) -> Rollback:

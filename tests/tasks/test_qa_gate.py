@@ -22,7 +22,7 @@ from rag_core.train.loaders import load_task
 from tasks.adapters.mlflow_registry import CHALLENGER, CHAMPION, log_rag_model, model_name, register
 from tasks.adapters.mlflow_tracking import tracked_run
 from tasks.qa_gate import QA_TASK, ModelScores, QAGate, qa_answers, qa_gate, real_question_files, rejudge_champion
-from tasks.reports import gate_sentence, summary_markdown
+from tasks.reports import ASK_KEY, gate_sentence, summary_markdown
 from tests.helpers.encoderfiles import save_tiny_bert
 from tests.helpers.generatorfiles import save_tiny_llama
 from tests.helpers.passagefiles import publish_small_index, sample_passages
@@ -179,9 +179,11 @@ def test_the_summary_marks_weak_matches_and_names_the_gated_model_as_consumers_l
     teacher = markdown.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
     assert "weak match" not in teacher[2]
     assert '- ask the fine-tune: `wikirag ask --model models:/wikirag-qa/2 "your question"`' in markdown
+    # a workspace named by --home: the fine-tune's ask line keeps it, as the zero-shot one does
     promoted = summary_markdown("v", 100, [tuned], questions, _report(14, 22, gained=9, lost=1), "wikirag-qa v2",
-                                answers, [], {})
-    assert '- ask the fine-tune: `wikirag ask --model models:/wikirag-qa@champion "your question"`' in promoted
+                                answers, [], {ASK_KEY: 'wikirag --home /w ask "your question"'})
+    assert ('- ask the fine-tune: `wikirag --home /w ask --model models:/wikirag-qa@champion "your question"`'
+            in promoted)
 
 
 def test_real_questions_split_and_answerability(wiki: Path) -> None:

@@ -79,6 +79,33 @@ def test_promotion_gate_both_ways_with_the_index_pinned(bound_model, tmp_path: P
     assert lines == [f"{name}\tv1\t-\tem 0.300\tindex {version}",
                      f"{name}\tv2\tchallenger\tem 0.305\tindex {version}",
                      f"{name}\tv3\tchampion\tem 0.400\tindex {version}"]
+    client.set_model_version_tag(name, "1", "dev_metric_value", "not a number")  # tags are text anyone can set
+    assert [r["value"] for r in registered_versions(uri, name)] == [None, 0.305, 0.40]
+
+
+def test_a_fine_tune_whose_dev_lead_is_within_chance_is_registered_as_challenger(bound_model, tmp_path: Path) -> None:
+    """wikirag finetune's registration step: a higher dev mean from 3 answers gained and 1 lost is chance (sign
+    test p = 0.625), so the first version stays challenger; 6 gained and none lost (p = 0.031) promotes the next."""
+    from flows.finetune import register_model
+    from rag_core.model.rag_model import RagModel
+    from rag_core.model.retriever import IndexRetriever
+    from runtime.settings import StoreAccess
+
+    store, version, model_dir = bound_model
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    model = RagModel.from_pretrained(model_dir, IndexRetriever.load(store, version))
+    decisions = []
+    for changed in ((3, 1), (6, 0)):
+        with tracked_run(uri, "wikirag-cloze", "finetune") as run:
+            decisions.append(register_model.fn(uri, run.run_id, model, StoreAccess(url=store.url), "cloze", "em",
+                                               0.5, 0.0, "print", 0.3, changed))
+        metrics = client.get_run(run.run_id).data.metrics
+        assert (metrics["dev_answers_gained"], metrics["dev_answers_lost"]) == changed
+    first, second = decisions
+    assert first.alias == CHALLENGER and "3 answers gained and 1 lost, within chance" in first.reason
+    assert "p = 0.625" in first.reason
+    assert second.alias == CHAMPION and second.version == "2"
 
 
 @pytest.mark.parametrize("failure", ["index version missing", "store refuses the pin"])
