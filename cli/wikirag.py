@@ -91,6 +91,18 @@ def rebuild_configs(args: argparse.Namespace) -> tuple[IngestConfig, EmbedConfig
             GateConfig(**given(args, recall_queries="recall_queries")))
 
 
+def check_local_dump(dump: str) -> None:
+    """A local dump that is missing or is neither XML nor bz2 is refused here, in one line naming it, before a
+    Prefect server and a Dask cluster start; a remote one is read by the flow, whose first request checks the
+    same."""
+    from rag_core.wiki.dumps import DumpSource, sniff_compression
+
+    if "://" in dump and not dump.startswith("file://"):
+        return
+    with DumpSource(dump).open() as head:
+        sniff_compression(head.read(1 << 16), dump)
+
+
 def run_ingest(settings: Settings, config: IngestConfig) -> str:
     from runtime.prefect_server import prefect_api
 
@@ -178,12 +190,15 @@ def report_published(settings: Settings, version: str) -> None:
 
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
-    print(run_ingest(settings, ingest_config(args)))
+    config = ingest_config(args)
+    check_local_dump(config.dump)
+    print(run_ingest(settings, config))
     return 0
 
 
 def cmd_index_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     configs = rebuild_configs(args)
+    check_local_dump(configs[0].dump)
     check_rebuild_fits(args, settings, configs[1], configs[2])
     print(run_index_rebuild(settings, configs))
     return 0
@@ -228,6 +243,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from runtime.sample_dump import fetch_sample
 
     qa_dir = public_questions(args.public_questions)  # a wrong folder stops here, before anything runs
+    if args.dump:
+        check_local_dump(args.dump)
     _log_hardware()
     persistent = os.environ.get("PREFECT_API_URL") or workspace_server(settings.prefect_home)
     inputs: dict[str, str] = {}

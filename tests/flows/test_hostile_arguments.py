@@ -39,6 +39,11 @@ CASES = {
     "ask a registered model with zero-shot flags": (
         ["ask", "Who was Achilles?", "--model", "models:/wikirag-qa/1", "--n-docs", "5", "--kind", "token"],
         "--kind token, --n-docs 5: choose the zero-shot model's parts; models:/wikirag-qa/1 brings its own"),
+    "ingest a file that is no dump": (["ingest", "{file}"],
+                                      "{file}: neither XML nor bz2-compressed XML; give a MediaWiki export"),
+    "rebuild a missing dump": (["index-rebuild", "{file}.missing.xml.bz2"],
+                               "{file}.missing.xml.bz2: no such file; check the path or URL"),
+    "run on a file that is no dump": (["run", "--dump", "file://{file}"], "file://{file}: neither XML nor bz2"),
     "empty question": (["search", ""], "no questions: give them as arguments"),
     "blank question": (["search", "  \t "], "no questions: give them as arguments"),
     "empty ask": (["ask", "", "--generator", "{generator}"], "no questions: give them as arguments"),
