@@ -83,7 +83,7 @@ class DumpSiteClient:
                     if asked > self.policy.max_wait_s:  # not retried by the caller either: it asked us to wait
                         raise DumpSiteError(
                             f"{url}: the dump site answered {problem} and asks to wait {asked:.0f} s, longer than "
-                            f"max_wait_s ({self.policy.max_wait_s:g} s); rerun later (mirrored pieces are kept)"
+                            f"max_wait_s ({self.policy.max_wait_s:g} s); rerun later (a mirror keeps the pieces it has)"
                         ) from None
                     wait = asked
             except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
@@ -99,9 +99,14 @@ class DumpSiteClient:
                 f"{url}: the host name does not resolve (gaierror) through {self.policy.tries} tries; check this "
                 "machine's network and DNS, or the dump site's URL"
             )
+        if problem == "ConnectionRefusedError":  # nothing listens there: a wrong --site as often as a site down
+            raise DumpSiteUnavailableError(
+                f"{url}: connection refused through {self.policy.tries} tries; check the dump site's URL, or "
+                "rerun later if it is down (a mirror keeps the pieces it has)"
+            )
         raise DumpSiteUnavailableError(
             f"{url}: {problem} through {self.policy.tries} tries; the dump site is busy or down, rerun later "
-            "(mirrored pieces are kept)"
+            "(a mirror keeps the pieces it has)"
         )
 
 

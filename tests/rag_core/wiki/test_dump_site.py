@@ -129,6 +129,20 @@ def test_a_host_name_that_does_not_resolve_says_so(caplog: pytest.LogCaptureFixt
                                 "through 2 tries; check this machine's network and DNS, or the dump site's URL")
 
 
+def test_a_port_where_nothing_listens_points_at_the_url() -> None:
+    """A refused connection is a wrong --site as often as a site that is down: the one line says both."""
+    import socket
+
+    with socket.socket() as probe:  # a port that was free a moment ago, on loopback: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    refused = DumpSiteConfig(site=f"http://127.0.0.1:{port}/", wiki="enwiki", tries=2, backoff_s=0.01)
+    with pytest.raises(DumpSiteUnavailableError) as error:
+        check_site(refused, current=NEW)
+    assert str(error.value) == (f"http://127.0.0.1:{port}/enwiki/: connection refused through 2 tries; check the dump "
+                                "site's URL, or rerun later if it is down (a mirror keeps the pieces it has)")
+
+
 def test_a_status_pointing_off_the_site_is_refused(site: DumpSiteServer) -> None:
     status = site.root / "enwiki" / NEW / "dumpstatus.json"
     status.write_text(status.read_text().replace(f'"/enwiki/{NEW}/enwiki-{NEW}-{DUMP}"',
