@@ -397,8 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wikirag",
         description="Retrieval-augmented generation over Wikipedia: ingest, index, train, evaluate.",
-        epilog="Settings: WIKIRAG_HOME, WIKIRAG_STORE, WIKIRAG_DASK_ADDRESS, WIKIRAG_WORKERS, AWS_ACCESS_KEY_ID, "
-        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, PREFECT_API_URL, MLFLOW_TRACKING_URI (docs/operations.md).",
+        epilog="Settings: WIKIRAG_HOME, WIKIRAG_STORE, WIKIRAG_STORE_RETRIES, WIKIRAG_LEASE_TTL_S, "
+        "WIKIRAG_DASK_ADDRESS, WIKIRAG_WORKERS, WIKIRAG_PERF, WIKIRAG_PROCESS_TUNING, AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION, PREFECT_API_URL, MLFLOW_TRACKING_URI "
+        "(docs/operations.md).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs and full tracebacks")
     parser.add_argument("--home", help=f"workspace directory (default $WIKIRAG_HOME or {default(Settings, 'home')})")

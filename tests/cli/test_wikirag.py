@@ -50,6 +50,13 @@ def test_verbose_is_taken_before_or_after_the_command(argv: list[str], verbose: 
     assert build_parser().parse_args(argv).verbose is verbose
 
 
+def test_the_help_names_every_variable_the_settings_read() -> None:
+    variables = [f.validation_alias or f"WIKIRAG_{name.upper()}" for name, f in Settings.model_fields.items()]
+    assert len(variables) == 14
+    epilog = " ".join(build_parser().epilog.split())
+    assert [v for v in variables if v not in epilog] == []
+
+
 def test_help_shows_the_defaults_of_the_config_classes(capsys: pytest.CaptureFixture) -> None:
     rebuild = help_text(capsys, "index-rebuild")
     assert f"(default {IndexConfig().recall_target})" in rebuild and f"(default {IndexConfig().factory}:" in rebuild
