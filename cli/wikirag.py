@@ -462,7 +462,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     port = inspect.signature(start_workspace_server).parameters["port"].default
     server = sub.add_parser("server", help="a persistent local Prefect server (and UI) for this workspace")
-    server.add_argument("action", choices=["start", "stop", "status"])
+    server.add_argument("action", choices=["start", "stop", "status"],
+                        help="start: one that commands of this workspace then reuse (prints its API URL); stop: it; "
+                        "status: its API URL, or 'not running'")
     server.add_argument("--port", type=int, help=f"port on 127.0.0.1 (default {port}; 0 picks a free one)")
     server.set_defaults(func=cmd_server)
 
