@@ -103,8 +103,7 @@ def register_model(tracking_uri: str, run_id: str, model: Any, store: StoreAcces
         promotion = register(tracking_uri, uri, task_kind, run_id=run_id, metric=metric, value=value, margin=margin,
                              store=store.store(), index_version=model.index_version, baseline=baseline,
                              changed=changed)
-        MlflowClient(tracking_uri=tracking_uri).set_model_version_tag(promotion.name, promotion.version,
-                                                                       FINGERPRINT_TAG, print_)
+        client.set_model_version_tag(promotion.name, promotion.version, FINGERPRINT_TAG, print_)
         return promotion
     finally:
         remove_dir(folder)
