@@ -41,17 +41,15 @@ def load_model(settings: Settings, *, index: str | None = None, generator: str |
 def print_answers(results: list[dict], *, as_json: bool, model: Any = None) -> None:
     """Flushed per answer: a reader of a pipe sees each one while later questions are answered. Text output says
     when the closest passage is a weak match for the model's encoder (rag_core.model.answers.weak_match)."""
-    from rag_core.model.answers import weak_match
+    from rag_core.model.answers import weak_match_note
 
     for item in results:
         if as_json:
             print(json.dumps(item, ensure_ascii=False), flush=True)
             continue
         print(f"Q: {item['question']}\nA: {item['answer']}")
-        if (threshold := weak_match(model, item)) is not None:
-            best = max(hit["similarity"] for hit in item["provenance"])
-            print(f"   (weak match: the closest passage's similarity is {best:.3f}, under {threshold:.2f}: the "
-                  "index likely does not hold this answer)")
+        if note := weak_match_note(model, item):
+            print(f"   ({note})")
         for hit in item["provenance"]:
             print(f"   [p {hit['score']:.2f}, similarity {hit['similarity']:.2f}] {hit['title']} ({hit['passage_id']})")
         print(flush=True)

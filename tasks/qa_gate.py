@@ -220,15 +220,15 @@ def _test_examples(questions: RealQuestions, store: Store) -> list[Any]:
 def qa_answers(tracking_uri: str, zero_shot: Any, questions: list[str]) -> tuple[str, list[dict]]:
     """``(who, answers)``: the ``wikirag-qa`` champion's answers with provenance, loaded by name as a consumer
     would; the zero-shot model's when there is no champion (who says which), those each with ``weak_match``:
-    the threshold its top passage's similarity falls below, or None (rag_core.model.answers.weak_match)."""
-    from rag_core.model.answers import answer, weak_match
+    ask's note when its top passage is a weak match, else None (rag_core.model.answers.weak_match_note)."""
+    from rag_core.model.answers import answer, weak_match_note
 
     client = MlflowClient(tracking_uri=tracking_uri)
     name = model_name(QA_TASK)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:  # as `wikirag ask` answers, weak matches marked as it marks them
-        return "zero-shot", [{**item, "weak_match": weak_match(zero_shot, item)}
+        return "zero-shot", [{**item, "weak_match": weak_match_note(zero_shot, item)}
                              for item in answer(zero_shot, questions)]
     model = load_registered_model(f"models:/{name}@{CHAMPION}", tracking_uri)
     # as `wikirag ask --model` answers: the weak-match threshold was measured on the index's own question encoder,

@@ -260,10 +260,8 @@ def summary_markdown(version: str, passages: int, outcomes: Sequence[Any], quest
         for p in item["provenance"][:3]:
             similarity = f", similarity {p['similarity']:.2f}" if "similarity" in p else ""
             lines.append(f"  - {p['title']} ({p['passage_id']}, p={p['score']:.2f}{similarity})")
-        if item.get("weak_match") is not None:
-            best = max(p["similarity"] for p in item["provenance"])
-            lines.append(f"  - weak match: the closest passage's similarity is {best:.2f}, under "
-                         f"{item['weak_match']:.2f}; the index likely does not hold this answer")
+        if item.get("weak_match"):  # ask's note (rag_core.model.answers.weak_match_note)
+            lines.append(f"  - {item['weak_match']}")
     lines += ["", "## Where to look", ""] + [f"- {k}: `{v}`" for k, v in where.items()]
     if gate.version:  # the gated model by name, as consumers load it, with the workspace flags of the ask above
         handle = "@champion" if gate.alias == "champion" else f"/{gate.version}"

@@ -42,6 +42,17 @@ def too_long(which: str, question: str) -> str | None:
 WEAK_MATCH = {"all-MiniLM-L6-v2": 0.50}
 
 
+def weak_match_note(model: Any, record: dict[str, Any]) -> str | None:
+    """What ``ask`` and the main job's summary print under an answer whose top passage is a weak match
+    (:func:`weak_match`), else None."""
+    threshold = weak_match(model, record)
+    if threshold is None:
+        return None
+    best = max(hit["similarity"] for hit in record["provenance"])
+    return (f"weak match: the closest passage's similarity is {best:.3f}, under {threshold:.2f}: the index likely "
+            "does not hold this answer")
+
+
 def provenance(batch: Any, row: int) -> list[dict[str, Any]]:
     """Question ``row``'s passages as ``{passage_id, title, score=p(z|x), similarity}``, most probable first."""
     if not batch.passage_ids[row]:

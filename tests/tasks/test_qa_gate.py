@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 from rag_core.evaluate.paired import beyond_chance
 from rag_core.evaluate.real_questions import SPLITS, answer_in_output, real_questions, split_of
 from rag_core.index.encoders import Encoder, EncoderConfig
+from rag_core.model.answers import weak_match_note
 from rag_core.model.generators import GeneratorConfig
 from rag_core.model.rag_model import RagConfig, RagModel
 from rag_core.model.retriever import IndexRetriever
@@ -165,16 +166,19 @@ def test_the_summary_marks_weak_matches_and_names_the_gated_model_as_consumers_l
     tuned = FinetuneOutcome(task="generated-qa", run_id="r", index_version="v", dev_examples=8, metric="em",
                             zero_shot=0.375, fine_tuned=0.625, gained=2, lost=0, model_version="1",
                             alias=CHALLENGER, reason="", steps=24, examples_per_s=None)
-    answers = [{"question": "Which planet did Galileo observe moons around?", "answer": "Jupiter", "weak_match": 0.5,
+    answers = [{"question": "Which planet did Galileo observe moons around?", "answer": "Jupiter",
                 "provenance": [{"title": "Apollo 8", "passage_id": "a-1", "score": 0.51, "similarity": 0.44},
                                {"title": "Apollo 8", "passage_id": "a-2", "score": 0.49, "similarity": 0.40}]},
-               {"question": "Who was the teacher of Alexander the Great?", "answer": "Aristotle", "weak_match": None,
+               {"question": "Who was the teacher of Alexander the Great?", "answer": "Aristotle",
                 "provenance": [{"title": "Aristotle", "passage_id": "b-1", "score": 1.0, "similarity": 0.64}]}]
+    # marked as qa_answers marks them, by the note ask prints, for the default MiniLM's measured threshold
+    minilm = SimpleNamespace(question_encoder=SimpleNamespace(base_fingerprint={"name": "all-MiniLM-L6-v2"}))
+    answers = [{**item, "weak_match": weak_match_note(minilm, item)} for item in answers]
     markdown = summary_markdown("v", 100, [tuned], questions, _report(14, 15, gained=3, lost=2), "zero-shot",
                                 answers, [], {})
     assert "| generated-qa | em | 0.375 | 0.625 | 2 / 0 | wikirag-generated-qa v1 | challenger | 24 | 8 |" in markdown
     galileo = markdown.split("**Which planet did Galileo observe moons around?**", 1)[1].splitlines()
-    assert galileo[3] == ("  - weak match: the closest passage's similarity is 0.44, under 0.50; the index likely "
+    assert galileo[3] == ("  - weak match: the closest passage's similarity is 0.440, under 0.50: the index likely "
                           "does not hold this answer")
     teacher = markdown.split("**Who was the teacher of Alexander the Great?**", 1)[1].splitlines()
     assert "weak match" not in teacher[2]
